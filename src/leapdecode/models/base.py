@@ -1,0 +1,51 @@
+"""The interface every model backend offers to the engine and to drafters.
+
+A backend owns one KV cache with a fixed number of *slots* (one per sequence of a batch).
+`forward` appends new tokens after each slot's cached prefix and returns their logits;
+`truncate` rolls a slot back in O(1). Positions are per sequence, so a batch can hold
+sequences of different lengths.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+class CausalLM(ABC):
+    """A causal LM with a per-slot KV cache."""
+
+    name: str  # "native" or "transformers"
+    vocab_size: int  # logits width (may exceed the tokenizer's size: padded embeddings)
+    max_context: int  # longest sequence the model supports
+    device: torch.device
+    dtype: torch.dtype
+    config: object  # the transformers config object
+
+    @abstractmethod
+    def allocate(self, n_slots: int, max_len: int) -> None:
+        """(Re)allocate the cache for `n_slots` sequences of up to `max_len` tokens; empties it."""
+
+    @abstractmethod
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [B, T] new tokens, right-padded
+        slots: torch.Tensor,  # [B] cache slot of each row
+        tree_mask: torch.Tensor | None = None,  # [B, T, T] bool: new token t sees new token s
+        position_offsets: torch.Tensor | None = None,  # [B, T] position of each new token
+        logits_at: torch.Tensor | None = None,  # [B] compute logits only at this new index
+    ) -> torch.Tensor:
+        """Run the new tokens after each slot's cached prefix and cache their keys/values.
+
+        Returns float32 logits [B, T, V], or [B, 1, V] when `logits_at` is given.
+        Every slot's length grows by T; the caller truncates padding and rejected drafts.
+        """
+
+    @abstractmethod
+    def lengths(self, slots: torch.Tensor) -> torch.Tensor:
+        """Cached tokens per slot, [B] (CPU long tensor)."""
+
+    @abstractmethod
+    def truncate(self, slots: torch.Tensor, new_lengths: torch.Tensor) -> None:
+        """Keep only the first `new_lengths[b]` cached tokens of each slot (rollback)."""

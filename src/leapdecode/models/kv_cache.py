@@ -1,0 +1,48 @@
+"""A preallocated KV cache: one row (slot) per sequence, per-slot lengths, O(1) rollback."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self,
+        n_layers: int,
+        n_slots: int,
+        n_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        shape = (n_slots, n_kv_heads, max_len, head_dim)  # [slots, H_kv, L, D]
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.lens = torch.zeros(n_slots, dtype=torch.long)  # [slots], on the CPU
+        self.n_slots = n_slots
+        self.max_len = max_len
+
+    def write(
+        self,
+        layer: int,
+        slots: torch.Tensor,  # [B]
+        write_pos: torch.Tensor,  # [B, T] absolute cache positions
+        k: torch.Tensor,  # [B, T, H_kv, D]
+        v: torch.Tensor,  # [B, T, H_kv, D]
+    ) -> None:
+        rows = slots[:, None]  # [B, 1]
+        self.k[layer][rows, :, write_pos] = k
+        self.v[layer][rows, :, write_pos] = v
+
+    def read(self, layer: int, slots: torch.Tensor, span: int, contiguous_from: int | None):
+        """Keys and values of the first `span` positions: two [B, H_kv, span, D] tensors.
+
+        `contiguous_from` is set when `slots` is range(s, s + B): then the result is a view.
+        """
+        k, v = self.k[layer], self.v[layer]
+        if contiguous_from is not None:
+            s = contiguous_from
+            n = slots.shape[0]
+            return k[s : s + n, :, :span], v[s : s + n, :, :span]
+        return k[slots, :, :span], v[slots, :, :span]

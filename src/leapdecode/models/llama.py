@@ -1,0 +1,269 @@
+"""Native PyTorch Llama family: Llama 2/3, Mistral, Qwen2/2.5 (qkv bias), Qwen3 (q/k norm).
+
+Plain functions over plain tensors: per layer one fused qkv matmul, one fused gate/up
+matmul, rotary embedding on q and k together, and `scaled_dot_product_attention` over the
+preallocated cache (grouped-query attention without repeating keys).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from ..errors import LeapDecodeError
+from .base import CausalLM
+from .kv_cache import KVCache
+from .rope import apply_rope, rope_tables
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+class NativeUnsupported(Exception):
+    """The native backend cannot run this checkpoint; the loader falls back to transformers."""
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor  # [hidden]
+    wqkv: torch.Tensor  # [hidden, (H + 2 H_kv) D]  (all weights stored transposed: [in, out])
+    bqkv: torch.Tensor | None  # [(H + 2 H_kv) D]
+    qk_norm: torch.Tensor | None  # [H + H_kv, D] (Qwen3)
+    wo: torch.Tensor  # [H D, hidden]
+    bo: torch.Tensor | None
+    mlp_norm: torch.Tensor  # [hidden]
+    w_gate_up: torch.Tensor  # [hidden, 2 I]
+    b_gate_up: torch.Tensor | None
+    w_down: torch.Tensor  # [I, hidden]
+    b_down: torch.Tensor | None
+    window: int | None  # sliding-window size, None for full attention
+
+
+def _linear(x: torch.Tensor, w_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., in] @ w_t [in, out] (+ bias).
+
+    Weights are kept transposed ([in, out]): on CPU the one-row decode matmul then streams
+    the weight matrix and runs about twice as fast as `F.linear` with [out, in] weights
+    (bench/backend_step.py measures it).
+    """
+    y = torch.matmul(x, w_t)
+    return y if bias is None else y + bias
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in float32, weight applied in the model dtype (as transformers does)."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape[-1:], weight, eps)
+    return weight * F.rms_norm(x.float(), x.shape[-1:], None, eps).to(x.dtype)
+
+
+def read_safetensors(path: str) -> dict[str, torch.Tensor]:
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
+    if not files:
+        raise NativeUnsupported("no *.safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        state.update(load_file(os.path.join(path, name)))
+    return state
+
+
+def _layer_windows(config, n_layers: int) -> list[int | None]:
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types:
+        return [window if t == "sliding_attention" else None for t in layer_types]
+    if config.model_type == "mistral" and window:
+        return [window] * n_layers
+    if getattr(config, "use_sliding_window", False) and window:
+        return [window] * n_layers
+    return [None] * n_layers
+
+
+class NativeLlama(CausalLM):
+    name = "native"
+
+    def __init__(self, path: str, config, device: torch.device, dtype: torch.dtype) -> None:
+        if config.model_type not in SUPPORTED_TYPES:
+            raise NativeUnsupported(f"model_type {config.model_type!r}")
+        if getattr(config, "hidden_act", "silu") not in ("silu", "swish"):
+            raise NativeUnsupported(f"activation {config.hidden_act!r}")
+        if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
+            raise NativeUnsupported("partial rotary embeddings")
+        self.config = config
+        self.device = device
+        self.dtype = dtype
+        self.n_heads = config.num_attention_heads
+        self.n_kv_heads = getattr(config, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
+        self.eps = config.rms_norm_eps
+        self.max_context = int(config.max_position_embeddings)
+        state = read_safetensors(path)
+        self._load(state, config)
+        try:
+            cos, sin = rope_tables(config, self.head_dim, self.max_context, dtype)
+        except NotImplementedError as e:
+            raise NativeUnsupported(str(e)) from e
+        self.cos, self.sin = cos.to(device), sin.to(device)
+        self.cache: KVCache | None = None
+
+    # ----------------------------------------------------------------- weights
+    def _load(self, state: dict[str, torch.Tensor], config) -> None:
+        def take(name: str, required: bool = True) -> torch.Tensor | None:
+            t = state.pop(name, None)
+            if t is None:
+                if required:
+                    raise NativeUnsupported(f"missing weight {name}")
+                return None
+            return t.to(device=self.device, dtype=self.dtype)
+
+        def cat(*ts):
+            return None if any(t is None for t in ts) else torch.cat(ts, dim=0).contiguous()
+
+        def cat_t(*ts):  # fused and transposed to [in, out]
+            return torch.cat(ts, dim=0).t().contiguous()
+
+        self.embed = take("model.embed_tokens.weight")
+        self.vocab_size = self.embed.shape[0]
+        self.layers: list[LayerWeights] = []
+        windows = _layer_windows(config, config.num_hidden_layers)
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            q_norm = take(p + "self_attn.q_norm.weight", required=False)
+            k_norm = take(p + "self_attn.k_norm.weight", required=False)
+            qk_norm = None
+            if q_norm is not None and k_norm is not None:
+                qk_norm = torch.cat(
+                    [q_norm.expand(self.n_heads, -1), k_norm.expand(self.n_kv_heads, -1)]
+                ).contiguous()
+            self.layers.append(
+                LayerWeights(
+                    attn_norm=take(p + "input_layernorm.weight"),
+                    wqkv=cat_t(*(take(p + f"self_attn.{n}_proj.weight") for n in "qkv")),
+                    bqkv=cat(*(take(p + f"self_attn.{n}_proj.bias", False) for n in "qkv")),
+                    qk_norm=qk_norm,
+                    wo=cat_t(take(p + "self_attn.o_proj.weight")),
+                    bo=take(p + "self_attn.o_proj.bias", False),
+                    mlp_norm=take(p + "post_attention_layernorm.weight"),
+                    w_gate_up=cat_t(
+                        take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")
+                    ),
+                    b_gate_up=cat(
+                        take(p + "mlp.gate_proj.bias", False), take(p + "mlp.up_proj.bias", False)
+                    ),
+                    w_down=cat_t(take(p + "mlp.down_proj.weight")),
+                    b_down=take(p + "mlp.down_proj.bias", False),
+                    window=windows[i],
+                )
+            )
+        self.norm = take("model.norm.weight")
+        lm_head = take("lm_head.weight", required=False)
+        if lm_head is None or getattr(config, "tie_word_embeddings", False):
+            lm_head = self.embed
+        self.lm_head_t = lm_head.t().contiguous()  # [hidden, V]
+        leftover = [n for n in state if "rotary_emb" not in n]
+        if leftover:
+            raise NativeUnsupported(f"unexpected weights such as {leftover[0]}")
+
+    # ------------------------------------------------------------------- cache
+    def allocate(self, n_slots: int, max_len: int) -> None:
+        max_len = min(max_len, self.max_context)
+        c = self.cache
+        if c is not None and c.n_slots == n_slots and c.max_len >= max_len:
+            c.lens.zero_()
+            return
+        self.cache = KVCache(
+            len(self.layers), n_slots, self.n_kv_heads, max_len, self.head_dim, self.dtype, self.device
+        )
+
+    def lengths(self, slots: torch.Tensor) -> torch.Tensor:
+        return self.cache.lens[slots.cpu()]
+
+    def truncate(self, slots: torch.Tensor, new_lengths: torch.Tensor) -> None:
+        self.cache.lens[slots.cpu()] = new_lengths.cpu()
+
+    # ----------------------------------------------------------------- forward
+    def _masks(self, start, n_new, span, tree_mask, query_pos) -> dict:
+        """Boolean attention masks [B, 1, T, span] (True = attend), one per window size."""
+        windows = {layer.window for layer in self.layers}
+        batch = start.shape[0]
+        simple = tree_mask is None and n_new == 1 and bool((start == start[0]).all())
+        key = torch.arange(span)  # [S]
+        masks = {}
+        for window in windows:
+            if simple and (window is None or span <= window):
+                masks[window] = None  # every cached key is visible
+                continue
+            limit = start[:, None] + torch.arange(n_new)  # [B, T] cache index of each query
+            allowed = key[None, None, :] <= limit[:, :, None]  # [B, T, S] causal
+            if tree_mask is not None:
+                allowed = key[None, None, :] < start[:, None, None]
+                tree = tree_mask.cpu()
+                for b in range(batch):
+                    s = int(start[b])
+                    allowed[b, :, s : s + n_new] = tree[b]
+            if window is not None:
+                allowed &= key[None, None, :] > (query_pos[:, :, None] - window)
+            masks[window] = allowed[:, None].to(self.device)
+        return masks
+
+    @torch.inference_mode()
+    def forward(self, tokens, slots, tree_mask=None, position_offsets=None, logits_at=None):
+        cache = self.cache
+        if cache is None:
+            raise RuntimeError("allocate() the cache before forward()")
+        batch, n_new = tokens.shape
+        slots_cpu = slots.cpu()
+        start = cache.lens[slots_cpu]  # [B]
+        span = int(start.max()) + n_new
+        if span > cache.max_len:
+            raise LeapDecodeError(
+                f"sequence of {span} tokens exceeds the cache ({cache.max_len}); "
+                "lower max_new_tokens or the prompt length"
+            )
+        write_pos = start[:, None] + torch.arange(n_new)  # [B, T] cache positions
+        offsets = torch.arange(n_new)[None] if position_offsets is None else position_offsets.cpu()
+        positions = start[:, None] + offsets  # [B, T] rotary positions
+        masks = self._masks(start, n_new, span, tree_mask, positions)
+        first = int(slots_cpu[0])
+        contiguous = first if torch.equal(slots_cpu, torch.arange(first, first + batch)) else None
+        dev_slots = slots.to(self.device)
+        write_pos = write_pos.to(self.device)
+        positions = positions.to(self.device)
+
+        cos = self.cos[positions].unsqueeze(2)  # [B, T, 1, D]
+        sin = self.sin[positions].unsqueeze(2)
+        h, d = self.n_heads, self.head_dim
+        h_kv = self.n_kv_heads
+        x = F.embedding(tokens.to(self.device), self.embed)  # [B, T, hidden]
+        for i, layer in enumerate(self.layers):
+            a = _rms_norm(x, layer.attn_norm, self.eps)
+            qkv = _linear(a, layer.wqkv, layer.bqkv)  # [B, T, (H + 2 H_kv) D]
+            qk = qkv[..., : (h + h_kv) * d].view(batch, n_new, h + h_kv, d)
+            v = qkv[..., (h + h_kv) * d :].view(batch, n_new, h_kv, d)
+            if layer.qk_norm is not None:
+                qk = F.rms_norm(qk.float(), (d,), None, self.eps).to(self.dtype) * layer.qk_norm
+            qk = apply_rope(qk, cos, sin)
+            q, k = qk[:, :, :h], qk[:, :, h:]
+            cache.write(i, dev_slots, write_pos, k, v)
+            keys, values = cache.read(i, dev_slots, span, contiguous)  # [B, H_kv, S, D]
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2), keys, values, attn_mask=masks[layer.window], enable_gqa=h != h_kv
+            )  # [B, H, T, D]
+            x = x + _linear(o.transpose(1, 2).reshape(batch, n_new, h * d), layer.wo, layer.bo)
+            m = _rms_norm(x, layer.mlp_norm, self.eps)
+            gate, up = _linear(m, layer.w_gate_up, layer.b_gate_up).chunk(2, dim=-1)
+            x = x + _linear(F.silu(gate) * up, layer.w_down, layer.b_down)
+        cache.lens[slots_cpu] = start + n_new
+        if logits_at is not None:
+            x = x[torch.arange(batch, device=x.device), logits_at.to(x.device)][:, None]  # [B, 1, hidden]
+        x = _rms_norm(x, self.norm, self.eps)
+        return torch.matmul(x, self.lm_head_t).float()  # [B, T, V]

@@ -1,0 +1,85 @@
+"""Load a Hugging Face-format model directory into a backend."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from ..errors import LeapDecodeError
+from .base import CausalLM
+
+log = logging.getLogger("leapdecode")
+
+DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+}  # fmt: skip
+BACKENDS = ("native", "transformers")
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise LeapDecodeError(f"unknown device {device!r}: use cpu or cuda") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise LeapDecodeError("CUDA is not available on this machine: use --device cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise LeapDecodeError(f"unsupported device {device!r}: use cpu or cuda")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise LeapDecodeError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16")
+    return DTYPES[dtype]
+
+
+def check_model_dir(path: str, what: str = "model") -> str:
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise LeapDecodeError(f"{what} path {path!r} does not exist: pass a Hugging Face model folder")
+    if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
+        raise LeapDecodeError(
+            f"{what} path {path!r} is not a Hugging Face model folder (no config.json): "
+            "pass the folder that holds config.json and the *.safetensors weights"
+        )
+    return path
+
+
+def load_config(path: str):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - transformers raises many kinds
+        raise LeapDecodeError(f"cannot read the model config in {path!r}: {e}") from e
+
+
+def load_model(
+    path: str, backend: str = "native", device: str = "cpu", dtype: str = "float32"
+) -> CausalLM:
+    """Load a model folder with the native backend (falling back to transformers) or transformers."""
+    if backend not in BACKENDS:
+        raise LeapDecodeError(f"unknown backend {backend!r}: use native or transformers")
+    path = check_model_dir(path)
+    dev, dt = resolve_device(device), resolve_dtype(dtype)
+    config = load_config(path)
+    if backend == "native":
+        from .llama import NativeLlama, NativeUnsupported
+
+        try:
+            return NativeLlama(path, config, dev, dt)
+        except NativeUnsupported as e:
+            log.warning("native backend cannot run %s (%s); falling back to transformers", path, e)
+    from .hf import TransformersLM
+
+    try:
+        return TransformersLM(path, config, dev, dt)
+    except (OSError, ValueError) as e:
+        raise LeapDecodeError(f"cannot load the model in {path!r}: {e}") from e
