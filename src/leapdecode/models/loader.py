@@ -62,12 +62,16 @@ def load_config(path: str):
 
 
 def load_model(
-    path: str, backend: str = "native", device: str = "cpu", dtype: str = "float32"
+    path: str,
+    backend: str = "native",
+    device: str = "cpu",
+    dtype: str = "float32",
+    what: str = "model",
 ) -> CausalLM:
     """Load a model folder with the native backend (falling back to transformers) or transformers."""
     if backend not in BACKENDS:
         raise LeapDecodeError(f"unknown backend {backend!r}: use native or transformers")
-    path = check_model_dir(path)
+    path = check_model_dir(path, what)
     dev, dt = resolve_device(device), resolve_dtype(dtype)
     config = load_config(path)
     if backend == "native":

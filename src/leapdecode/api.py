@@ -1,0 +1,257 @@
+"""The Python API: load a target (and optionally a draft), generate or stream."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import torch
+
+from .engine import Engine
+from .errors import LeapDecodeError
+from .metrics import RequestStats
+from .models import CausalLM, load_model
+from .proposers import DraftModelProposer, NgramProposer, NoProposer, Proposer
+from .sampling import SamplingParams
+from .sequence import Sequence
+
+METHODS = ("none", "draft", "ngram")
+MAX_K = 64
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "length" | "stop"
+    stats: RequestStats
+
+    def as_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "stats": self.stats.as_dict(),
+        }
+
+
+def _load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception:  # noqa: BLE001 - a model folder without tokenizer files
+        return None
+
+
+def _eos_ids(path: str, config) -> frozenset[int]:
+    ids = getattr(config, "eos_token_id", None)
+    gen = os.path.join(path, "generation_config.json")
+    if os.path.isfile(gen):
+        from transformers import GenerationConfig
+
+        try:
+            ids = GenerationConfig.from_pretrained(path).eos_token_id
+        except Exception:  # noqa: BLE001 - fall back to config.json's value
+            pass
+    if ids is None:
+        return frozenset()
+    return frozenset([ids] if isinstance(ids, int) else ids)
+
+
+class LeapDecoder:
+    """A target model, an optional draft model, and their tokenizer.
+
+    >>> dec = LeapDecoder.from_pretrained("models/leap-code-target", draft="models/leap-code-draft")
+    >>> out = dec.generate("def fib(n):", method="draft", k=4, max_new_tokens=64)
+    >>> out.text, out.stats.mean_accepted_tokens
+    """
+
+    def __init__(self, target: CausalLM, tokenizer, eos_token_ids, draft: CausalLM | None = None):
+        self.target = target
+        self.draft = draft
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        target: str,
+        draft: str | None = None,
+        backend: str = "native",
+        device: str = "cpu",
+        dtype: str = "float32",
+    ) -> LeapDecoder:
+        target_model = load_model(target, backend, device, dtype, what="target")
+        tokenizer = _load_tokenizer(target)
+        draft_model = None
+        if draft is not None:
+            draft_model = load_model(draft, backend, device, dtype, what="draft")
+            _check_same_vocab(target, tokenizer, draft)
+        return cls(target_model, tokenizer, _eos_ids(target, target_model.config), draft_model)
+
+    # ----------------------------------------------------------------- helpers
+    def encode(self, prompt: str | Seq[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise LeapDecodeError(
+                    "the target folder has no tokenizer files: pass token ids instead of text"
+                )
+            if not prompt:
+                raise LeapDecodeError("the prompt is empty: give at least one character")
+            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+        else:
+            ids = list(prompt)
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise LeapDecodeError("token ids must be integers")
+            bad = [t for t in ids if not 0 <= t < self.target.vocab_size]
+            if bad:
+                raise LeapDecodeError(
+                    f"token id {bad[0]} is outside the vocabulary (0..{self.target.vocab_size - 1})"
+                )
+        if not ids:
+            raise LeapDecodeError("the prompt is empty: give at least one token")
+        if len(ids) >= self.target.max_context:
+            raise LeapDecodeError(
+                f"the prompt has {len(ids)} tokens but the model's context is "
+                f"{self.target.max_context}: shorten the prompt"
+            )
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def make_proposer(self, method: str, ngram_min: int = 2, ngram_max: int = 4) -> Proposer:
+        if method == "none":
+            return NoProposer()
+        if method == "ngram":
+            return NgramProposer(ngram_min, ngram_max)
+        if method == "draft":
+            if self.draft is None:
+                raise LeapDecodeError("method 'draft' needs a draft model: pass --draft PATH")
+            return DraftModelProposer(self.draft, self.target.vocab_size)
+        raise LeapDecodeError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
+
+    def _sequences(self, prompts, max_new_tokens, params, stop, stop_token_ids) -> list[Sequence]:
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise LeapDecodeError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        stop_strings = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        if any(not isinstance(s, str) or not s for s in stop_strings):
+            raise LeapDecodeError("stop strings must be non-empty strings")
+        if stop_strings and self.tokenizer is None:
+            raise LeapDecodeError("stop strings need a tokenizer in the target folder")
+        stops = self.eos_token_ids | frozenset(stop_token_ids or ())
+        seqs = []
+        for i, prompt in enumerate(prompts):
+            ids = self.encode(prompt)
+            # Row i of a seeded batch uses seed + i, so that rows differ but runs repeat.
+            seed = params.seed + i if params.seed is not None else random.randrange(2**62)
+            seqs.append(
+                Sequence(
+                    id=i,
+                    slot=i,
+                    tokens=list(ids),
+                    prompt_len=len(ids),
+                    params=params,
+                    max_new_tokens=max_new_tokens,
+                    max_context=self.target.max_context,
+                    stop_token_ids=stops,
+                    stop_strings=stop_strings,
+                    decode=self.decode,
+                    generator=torch.Generator().manual_seed(seed),
+                )
+            )
+        return seqs
+
+    def _result(self, s: Sequence) -> GenerationResult:
+        text = self.decode(s.output)
+        if s.finish_reason == "stop" and s.stop_strings:
+            cuts = [text.find(x) for x in s.stop_strings if x in text]
+            if cuts:
+                text = text[: min(cuts)]
+        return GenerationResult(text, s.output, s.finish_reason or "length", s.stats)
+
+    # --------------------------------------------------------------------- API
+    def generate_batch(
+        self,
+        prompts: list[str | list[int]],
+        method: str = "ngram",
+        k: int = 4,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop: str | list[str] | None = None,
+        stop_token_ids: list[int] | None = None,
+        ngram_min: int = 2,
+        ngram_max: int = 4,
+    ) -> list[GenerationResult]:
+        """Generate for several prompts in one batch; one result per prompt, in order."""
+        if not prompts:
+            raise LeapDecodeError("no prompts given")
+        engine, k, params = self._prepare(method, k, temperature, top_p, top_k, seed, ngram_min, ngram_max)
+        seqs = self._sequences(prompts, max_new_tokens, params, stop, stop_token_ids)
+        for _ in engine.run(seqs, k):
+            pass
+        return [self._result(s) for s in seqs]
+
+    def generate(self, prompt: str | list[int], **kwargs) -> GenerationResult:
+        """Generate for one prompt (text or token ids). Keyword arguments as `generate_batch`."""
+        return self.generate_batch([prompt], **kwargs)[0]
+
+    def stream(self, prompt: str | list[int], **kwargs) -> Iterator[str]:
+        """Yield text pieces as tokens are accepted; their concatenation is `generate().text`."""
+        if not isinstance(prompt, (str, list, tuple)):
+            raise LeapDecodeError("the prompt must be text or a list of token ids")
+        method = kwargs.pop("method", "ngram")
+        k = kwargs.pop("k", 4)
+        sampling = {n: kwargs.pop(n) for n in ("temperature", "top_p", "top_k", "seed") if n in kwargs}
+        ngram = {n: kwargs.pop(n) for n in ("ngram_min", "ngram_max") if n in kwargs}
+        engine, k, params = self._prepare(method, k, **sampling, **ngram)
+        seqs = self._sequences([prompt], kwargs.pop("max_new_tokens", 128), params,
+                               kwargs.pop("stop", None), kwargs.pop("stop_token_ids", None))
+        if kwargs:
+            raise LeapDecodeError(f"unknown argument {next(iter(kwargs))!r}")
+        sent = ""
+        hold = max((len(x) for x in seqs[0].stop_strings), default=0)
+        for _ in engine.run(seqs, k):
+            s = seqs[0]
+            if s.finished:
+                break
+            text = self.decode(s.output)
+            # Hold back an incomplete UTF-8 character and anything that may start a stop string.
+            ready = text[: len(text) - hold] if hold else text
+            ready = ready.rstrip("\ufffd")
+            if len(ready) > len(sent) and ready.startswith(sent):
+                yield ready[len(sent) :]
+                sent = ready
+        final = self._result(seqs[0]).text
+        if final.startswith(sent) and len(final) > len(sent):
+            yield final[len(sent) :]
+
+    def _prepare(self, method, k, temperature=0.0, top_p=1.0, top_k=0, seed=None,
+                 ngram_min=2, ngram_max=4):
+        if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_K:
+            raise LeapDecodeError(f"k must be an integer in 0..{MAX_K}, got {k!r}")
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        proposer = self.make_proposer(method, ngram_min, ngram_max)
+        if method == "none":
+            k = 0
+        return Engine(self.target, proposer), k, params
+
+
+def _check_same_vocab(target: str, target_tok, draft: str) -> None:
+    draft_tok = _load_tokenizer(draft)
+    if target_tok is None or draft_tok is None:
+        return  # nothing to compare: token ids are shared by construction
+    if target_tok.get_vocab() != draft_tok.get_vocab():
+        raise LeapDecodeError(
+            f"the draft {draft!r} uses a different tokenizer from the target {target!r}: "
+            "speculative decoding needs the same vocabulary; pick a draft from the same family"
+        )

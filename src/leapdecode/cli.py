@@ -1,0 +1,175 @@
+"""`leapdecode generate | demo`: the command line.
+
+Every user error is one line on stderr and a non-zero exit; never a traceback
+(set LEAPDECODE_DEBUG=1 to see one for an internal error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from .errors import LeapDecodeError
+
+DEFAULT_MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "models")
+
+
+def default_model(name: str) -> str | None:
+    root = os.environ.get("LEAPDECODE_MODELS", DEFAULT_MODELS)
+    path = os.path.join(root, name)
+    return path if os.path.isfile(os.path.join(path, "config.json")) else None
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not usage + message
+        self.exit(2, f"leapdecode: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", help="target model folder (Hugging Face format)")
+    p.add_argument("--draft", help="draft model folder, same tokenizer as the target")
+    p.add_argument("--backend", default="native", choices=["native", "transformers"])
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+
+
+def _add_generation_args(p: argparse.ArgumentParser, method_default: str) -> None:
+    p.add_argument("--method", default=method_default, choices=["none", "draft", "ngram"])
+    p.add_argument("--k", type=int, default=4, help="draft tokens per step (default 4)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--ngram-min", type=int, default=2, help="shortest n-gram to match (ngram)")
+    p.add_argument("--ngram-max", type=int, default=4, help="longest n-gram to match (ngram)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="leapdecode", description="Lossless speculative decoding.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    gen = sub.add_parser("generate", help="generate text from a prompt")
+    _add_model_args(gen)
+    _add_generation_args(gen, method_default="none")
+    gen.add_argument("--json", action="store_true", help="one JSON object per prompt per line")
+    gen.add_argument("--prompts-file", help="JSONL file, one {\"prompt\": ...} per line")
+    gen.add_argument("prompt", nargs="?", help="the prompt text, or - to read stdin")
+    return parser
+
+
+def read_prompts(args) -> list[str]:
+    if args.prompts_file and args.prompt is not None:
+        raise LeapDecodeError("give either a PROMPT or --prompts-file, not both")
+    if args.prompts_file:
+        return read_prompts_file(args.prompts_file)
+    if args.prompt is None:
+        raise LeapDecodeError("no prompt: pass PROMPT, - (stdin) or --prompts-file F.jsonl")
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt:
+        raise LeapDecodeError("the prompt is empty: give at least one character")
+    return [prompt]
+
+
+def read_prompts_file(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise LeapDecodeError(f"cannot read prompts file {path!r}: {e}") from e
+    prompts = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise LeapDecodeError(f"{path}:{n}: not valid JSON ({e.msg})") from e
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+            raise LeapDecodeError(f'{path}:{n}: expected an object like {{"prompt": "text"}}')
+        if not obj["prompt"]:
+            raise LeapDecodeError(f"{path}:{n}: the prompt is empty")
+        prompts.append(obj["prompt"])
+    if not prompts:
+        raise LeapDecodeError(f"{path}: no prompts (one JSON object per line)")
+    return prompts
+
+
+def _resolve_models(args) -> tuple[str, str | None]:
+    """--target / --draft, or the embedded pair in models/ when --target is not given."""
+    target = args.target or default_model("leap-code-target")
+    if target is None:
+        raise LeapDecodeError("no --target given and no default model in models/: pass --target PATH")
+    draft = args.draft
+    if draft is None and args.target is None:
+        draft = default_model("leap-code-draft")
+    if args.method != "draft":
+        return target, None  # only the draft method runs a draft model
+    if draft is None:
+        raise LeapDecodeError("method 'draft' needs a draft model: pass --draft PATH")
+    return target, draft
+
+
+def cmd_generate(args) -> int:
+    from .api import LeapDecoder
+
+    prompts = read_prompts(args)
+    target, draft = _resolve_models(args)
+    decoder = LeapDecoder.from_pretrained(
+        target, draft=draft, backend=args.backend, device=args.device, dtype=args.dtype
+    )
+    for prompt in prompts:
+        result = decoder.generate(
+            prompt,
+            method=args.method,
+            k=args.k,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+            stop=args.stop,
+            ngram_min=args.ngram_min,
+            ngram_max=args.ngram_max,
+        )
+        if args.json:
+            print(json.dumps(result.as_dict()), flush=True)
+        else:
+            print(prompt + result.text, flush=True)
+            s = result.stats
+            print(
+                f"[{args.method} k={args.k}] {s.new_tokens} tokens, {s.as_dict()['tokens_per_s']:.1f} tok/s, "
+                f"acceptance {s.acceptance_rate:.2f}, {s.mean_accepted_tokens:.2f} tokens/forward, "
+                f"finish={result.finish_reason}",
+                file=sys.stderr,
+            )
+    return 0
+
+
+COMMANDS = {"generate": cmd_generate}
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="leapdecode: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except LeapDecodeError as e:
+        print(f"leapdecode: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - last resort: one line, not a traceback
+        if os.environ.get("LEAPDECODE_DEBUG"):
+            raise
+        print(f"leapdecode: internal error: {type(e).__name__}: {e} "
+              "(rerun with LEAPDECODE_DEBUG=1 and report it)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

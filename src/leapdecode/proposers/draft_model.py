@@ -1,0 +1,125 @@
+"""A separate, smaller draft LM proposes k tokens autoregressively with its own KV cache.
+
+Cache bookkeeping per sequence: `fed[id]` tokens of `seq.tokens` are in the draft cache.
+A proposal first feeds what the draft has not seen yet (the target's last token, and the
+last draft when all were accepted), then k - 1 more single-token steps. After verification
+the cache is cut back to the longest prefix that is still part of the sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.base import CausalLM
+from ..sampling import process_logits, sample_from
+from ..sequence import Sequence
+from .base import Drafts, Proposer
+
+
+class DraftModelProposer(Proposer):
+    name = "draft"
+
+    def __init__(self, model: CausalLM, target_vocab_size: int) -> None:
+        self.model = model
+        self.vocab = target_vocab_size
+        self.fed: dict[int, int] = {}
+        self.fed_drafts: dict[int, int] = {}
+
+    def _slots(self, seqs: list[Sequence]) -> torch.Tensor:
+        return torch.tensor([s.slot for s in seqs], dtype=torch.long)
+
+    def _forward(self, seqs, tokens, logits_at=None) -> torch.Tensor:
+        for seq in seqs:
+            seq.stats.draft_forwards += 1
+        logits = self.model.forward(tokens, self._slots(seqs), logits_at=logits_at)
+        return self._to_target_vocab(logits[:, -1])  # [B, V_target]
+
+    def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits over the target's vocabulary (padded embeddings may differ in size)."""
+        v = logits.shape[-1]
+        if v >= self.vocab:
+            return logits[:, : self.vocab]
+        pad = logits.new_full((logits.shape[0], self.vocab - v), float("-inf"))
+        return torch.cat([logits, pad], dim=-1)
+
+    def start(self, seqs: list[Sequence], n_slots: int, max_len: int) -> None:
+        self.model.allocate(n_slots, max_len)
+        self.fed = {s.id: 0 for s in seqs}
+        self.fed_drafts = {s.id: 0 for s in seqs}
+        # Prefill the prompts now; the target's first token is fed with the first proposal.
+        self._catch_up(seqs, upto=[s.prompt_len for s in seqs])
+
+    def _catch_up(self, seqs, upto: list[int]) -> torch.Tensor:
+        """Feed seq.tokens[fed:upto] for each sequence in one right-padded forward."""
+        pending = [s.tokens[self.fed[s.id] : n] for s, n in zip(seqs, upto, strict=True)]
+        width = max(len(p) for p in pending)
+        tokens = torch.zeros(len(seqs), width, dtype=torch.long)
+        for i, p in enumerate(pending):
+            tokens[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+        last = torch.tensor([len(p) - 1 for p in pending], dtype=torch.long)
+        slots = self._slots(seqs)
+        start = self.model.lengths(slots)
+        logits = self._forward(seqs, tokens, logits_at=last)  # [B, V]
+        self.model.truncate(slots, start + torch.tensor([len(p) for p in pending]))
+        for s, n in zip(seqs, upto, strict=True):
+            self.fed[s.id] = n
+        return logits
+
+    def _choose(self, seqs, logits) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Next draft token per row [B], and the processed q rows [B, V] for sampled rows."""
+        greedy = all(s.params.greedy for s in seqs)
+        if greedy:
+            return logits.argmax(-1), None
+        q = torch.stack([process_logits(logits[i], s.params) for i, s in enumerate(seqs)])
+        u = torch.stack([torch.rand((), generator=s.generator) for s in seqs])
+        return sample_from(q, u), q
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> Drafts:
+        rows = [i for i, k in enumerate(ks) if k > 0]
+        if not rows:
+            return Drafts.empty(len(seqs))
+        active = [seqs[i] for i in rows]
+        room = self.model.max_context - max(len(s.tokens) for s in active)
+        k = min(max(ks[i] for i in rows), room)
+        if k <= 0:
+            return Drafts.empty(len(seqs))
+        logits = self._catch_up(active, upto=[len(s.tokens) for s in active])
+        tokens, probs = [], []
+        for step in range(k):
+            tok, q = self._choose(active, logits)  # [n], [n, V] | None
+            tokens.append(tok)
+            probs.append(q)
+            if step < k - 1:
+                logits = self._forward(active, tok[:, None])
+        for s in active:
+            self.fed_drafts[s.id] = k - 1  # drafts now in the draft cache after seq.tokens
+
+        out = torch.zeros(len(seqs), k, dtype=torch.long)
+        out[rows] = torch.stack(tokens, dim=1)
+        counts = torch.zeros(len(seqs), dtype=torch.long)
+        counts[rows] = torch.tensor([min(ks[i], k) for i in rows])
+        q_all = None
+        if probs[0] is not None:
+            q_all = torch.zeros(len(seqs), k, self.vocab)
+            q_all[rows] = torch.stack(probs, dim=1)
+        return Drafts(out, counts, q_all)
+
+    def accepted(self, seqs: list[Sequence], n_accepted: list[int]) -> None:
+        slots, lens = [], []
+        for s, n in zip(seqs, n_accepted, strict=True):
+            extra = self.fed_drafts.get(s.id, 0)
+            if extra == 0:
+                continue
+            # The draft cache holds fed[id] tokens then `extra` drafts; the first n survive.
+            keep = self.fed[s.id] + min(n, extra)
+            self.fed[s.id] = keep
+            self.fed_drafts[s.id] = 0
+            slots.append(s.slot)
+            lens.append(keep)
+        if slots:
+            self.model.truncate(torch.tensor(slots), torch.tensor(lens))
+
+    def finish(self, seqs: list[Sequence]) -> None:
+        for s in seqs:
+            self.fed.pop(s.id, None)
+            self.fed_drafts.pop(s.id, None)

@@ -1,0 +1,62 @@
+"""One sequence being generated: its tokens, its limits and its stop conditions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .metrics import RequestStats
+from .sampling import SamplingParams
+
+
+@dataclass
+class Sequence:
+    id: int
+    slot: int  # row in every KV cache
+    tokens: list[int]  # prompt + output so far
+    prompt_len: int
+    params: SamplingParams
+    max_new_tokens: int
+    max_context: int
+    stop_token_ids: frozenset[int]
+    stop_strings: tuple[str, ...] = ()
+    decode: object = None  # tokens -> str, needed for stop strings
+    generator: torch.Generator = field(default_factory=torch.Generator)
+    stats: RequestStats = field(default_factory=RequestStats)
+    finished: bool = False
+    finish_reason: str | None = None
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    @property
+    def n_out(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    def room(self) -> int:
+        """How many more tokens this sequence may still emit."""
+        return max(0, min(self.max_new_tokens - self.n_out, self.max_context - len(self.tokens)))
+
+    def append(self, new: list[int]) -> list[int]:
+        """Append tokens up to the first stop condition; returns the tokens actually kept."""
+        kept = []
+        for tok in new:
+            if self.finished:
+                break
+            self.tokens.append(tok)
+            kept.append(tok)
+            if tok in self.stop_token_ids or self._hit_stop_string():
+                self.finished, self.finish_reason = True, "stop"
+            elif self.room() == 0:
+                self.finished, self.finish_reason = True, "length"
+        self.stats.new_tokens = self.n_out
+        return kept
+
+    def _hit_stop_string(self) -> bool:
+        if not self.stop_strings:
+            return False
+        longest = max(len(s) for s in self.stop_strings)
+        tail = self.decode(self.output[-(longest + 8) :])
+        return any(s in tail for s in self.stop_strings)

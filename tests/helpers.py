@@ -1,0 +1,69 @@
+"""Tiny models and a tokenizer, built on the fly for the tests (no hub, no downloads)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import sysconfig
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
+
+VOCAB = 384
+EOS = "<|endoftext|>"
+
+
+def stdlib_text(n_files: int = 6) -> list[str]:
+    root = sysconfig.get_paths()["stdlib"]
+    names = ["textwrap.py", "shlex.py", "bisect.py", "heapq.py", "fnmatch.py", "glob.py"]
+    out = []
+    for name in names[:n_files]:
+        with open(os.path.join(root, name), encoding="utf-8") as f:
+            out.append(f.read())
+    return out
+
+
+def make_tokenizer(path: str, vocab: int = VOCAB) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(stdlib_text(), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS)
+    fast.save_pretrained(path)
+    return fast
+
+
+def make_llama(path: str, seed: int, tokenizer_dir: str | None = None, **overrides) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        initializer_range=0.2, eos_token_id=0, bos_token_id=0, tie_word_embeddings=False,
+    )  # fmt: skip
+    cfg.update(overrides)
+    model = LlamaForCausalLM(LlamaConfig(**cfg)).eval()
+    model.save_pretrained(path)
+    if tokenizer_dir:
+        PreTrainedTokenizerFast.from_pretrained(tokenizer_dir).save_pretrained(path)
+    return model
+
+
+def make_noisy_copy(model: LlamaForCausalLM, path: str, noise: float, seed: int, tokenizer_dir=None):
+    """A draft that agrees with `model` often but not always."""
+    torch.manual_seed(seed)
+    draft = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(noise * p.std() * torch.randn_like(p))
+    draft.save_pretrained(path)
+    if tokenizer_dir:
+        PreTrainedTokenizerFast.from_pretrained(tokenizer_dir).save_pretrained(path)
+    return draft
