@@ -41,7 +41,9 @@ def make_tokenizer(path: str, vocab: int = VOCAB) -> PreTrainedTokenizerFast:
     return fast
 
 
-def make_llama(path: str, seed: int, tokenizer_dir: str | None = None, **overrides) -> LlamaForCausalLM:
+def make_llama(
+    path: str, seed: int, tokenizer_dir: str | None = None, **overrides
+) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     cfg = dict(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -56,7 +58,9 @@ def make_llama(path: str, seed: int, tokenizer_dir: str | None = None, **overrid
     return model
 
 
-def make_noisy_copy(model: LlamaForCausalLM, path: str, noise: float, seed: int, tokenizer_dir=None):
+def make_noisy_copy(
+    model: LlamaForCausalLM, path: str, noise: float, seed: int, tokenizer_dir=None
+):
     """A draft that agrees with `model` often but not always."""
     torch.manual_seed(seed)
     draft = copy.deepcopy(model)

@@ -195,7 +195,9 @@ class LeapDecoder:
         """Generate for several prompts in one batch; one result per prompt, in order."""
         if not prompts:
             raise LeapDecodeError("no prompts given")
-        engine, k, params = self._prepare(method, k, temperature, top_p, top_k, seed, ngram_min, ngram_max)
+        engine, k, params = self._prepare(
+            method, k, temperature, top_p, top_k, seed, ngram_min, ngram_max
+        )
         seqs = self._sequences(prompts, max_new_tokens, params, stop, stop_token_ids)
         for _ in engine.run(seqs, k):
             pass
@@ -211,11 +213,18 @@ class LeapDecoder:
             raise LeapDecodeError("the prompt must be text or a list of token ids")
         method = kwargs.pop("method", "ngram")
         k = kwargs.pop("k", 4)
-        sampling = {n: kwargs.pop(n) for n in ("temperature", "top_p", "top_k", "seed") if n in kwargs}
+        sampling = {
+            n: kwargs.pop(n) for n in ("temperature", "top_p", "top_k", "seed") if n in kwargs
+        }
         ngram = {n: kwargs.pop(n) for n in ("ngram_min", "ngram_max") if n in kwargs}
         engine, k, params = self._prepare(method, k, **sampling, **ngram)
-        seqs = self._sequences([prompt], kwargs.pop("max_new_tokens", 128), params,
-                               kwargs.pop("stop", None), kwargs.pop("stop_token_ids", None))
+        seqs = self._sequences(
+            [prompt],
+            kwargs.pop("max_new_tokens", 128),
+            params,
+            kwargs.pop("stop", None),
+            kwargs.pop("stop_token_ids", None),
+        )
         if kwargs:
             raise LeapDecodeError(f"unknown argument {next(iter(kwargs))!r}")
         sent = ""
@@ -235,8 +244,9 @@ class LeapDecoder:
         if final.startswith(sent) and len(final) > len(sent):
             yield final[len(sent) :]
 
-    def _prepare(self, method, k, temperature=0.0, top_p=1.0, top_k=0, seed=None,
-                 ngram_min=2, ngram_max=4):
+    def _prepare(
+        self, method, k, temperature=0.0, top_p=1.0, top_k=0, seed=None, ngram_min=2, ngram_max=4
+    ):
         if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_K:
             raise LeapDecodeError(f"k must be an integer in 0..{MAX_K}, got {k!r}")
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)

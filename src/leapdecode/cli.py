@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(gen)
     _add_generation_args(gen, method_default="none")
     gen.add_argument("--json", action="store_true", help="one JSON object per prompt per line")
-    gen.add_argument("--prompts-file", help="JSONL file, one {\"prompt\": ...} per line")
+    gen.add_argument("--prompts-file", help='JSONL file, one {"prompt": ...} per line')
     gen.add_argument("prompt", nargs="?", help="the prompt text, or - to read stdin")
     return parser
 
@@ -103,7 +103,9 @@ def _resolve_models(args) -> tuple[str, str | None]:
     """--target / --draft, or the embedded pair in models/ when --target is not given."""
     target = args.target or default_model("leap-code-target")
     if target is None:
-        raise LeapDecodeError("no --target given and no default model in models/: pass --target PATH")
+        raise LeapDecodeError(
+            "no --target given and no default model in models/: pass --target PATH"
+        )
     draft = args.draft
     if draft is None and args.target is None:
         draft = default_model("leap-code-draft")
@@ -166,8 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - last resort: one line, not a traceback
         if os.environ.get("LEAPDECODE_DEBUG"):
             raise
-        print(f"leapdecode: internal error: {type(e).__name__}: {e} "
-              "(rerun with LEAPDECODE_DEBUG=1 and report it)", file=sys.stderr)
+        print(
+            f"leapdecode: internal error: {type(e).__name__}: {e} "
+            "(rerun with LEAPDECODE_DEBUG=1 and report it)",
+            file=sys.stderr,
+        )
         return 1
 
 

@@ -27,9 +27,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         t = self.temperature
         if not isinstance(t, (int, float)) or math.isnan(t) or math.isinf(t) or t < 0:
-            raise LeapDecodeError(
-                f"temperature must be a number >= 0 (0 = greedy), got {t!r}"
-            )
+            raise LeapDecodeError(f"temperature must be a number >= 0 (0 = greedy), got {t!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0 or self.top_k > MAX_TOP_K:
             raise LeapDecodeError(f"top-k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         p = self.top_p

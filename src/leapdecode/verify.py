@@ -46,7 +46,9 @@ def rejection_accept(
     batch, k = drafts.shape
     rows = torch.arange(batch, device=p.device)
     if k == 0:
-        return torch.zeros(batch, dtype=torch.long, device=p.device), sample_from(p[:, 0], uniforms[:, 0])
+        return torch.zeros(batch, dtype=torch.long, device=p.device), sample_from(
+            p[:, 0], uniforms[:, 0]
+        )
 
     p_draft = p[:, :k].gather(-1, drafts[..., None])[..., 0]  # [B, k]
     if q is None:

@@ -55,7 +55,9 @@ class TransformersLM(CausalLM):
         tokens = tokens.to(self.device)
         for row, slot in enumerate(slots.tolist()):
             logits = self.model(
-                input_ids=tokens[row : row + 1], use_cache=True, **{self.cache_arg: self.caches[slot]}
+                input_ids=tokens[row : row + 1],
+                use_cache=True,
+                **{self.cache_arg: self.caches[slot]},
             ).logits  # [1, T, V]
             if logits_at is not None:
                 logits = logits[:, int(logits_at[row])][:, None]  # [1, 1, V]

@@ -181,7 +181,13 @@ class NativeLlama(CausalLM):
             c.lens.zero_()
             return
         self.cache = KVCache(
-            len(self.layers), n_slots, self.n_kv_heads, max_len, self.head_dim, self.dtype, self.device
+            len(self.layers),
+            n_slots,
+            self.n_kv_heads,
+            max_len,
+            self.head_dim,
+            self.dtype,
+            self.device,
         )
 
     def lengths(self, slots: torch.Tensor) -> torch.Tensor:
@@ -264,6 +270,8 @@ class NativeLlama(CausalLM):
             x = x + _linear(F.silu(gate) * up, layer.w_down, layer.b_down)
         cache.lens[slots_cpu] = start + n_new
         if logits_at is not None:
-            x = x[torch.arange(batch, device=x.device), logits_at.to(x.device)][:, None]  # [B, 1, hidden]
+            x = x[torch.arange(batch, device=x.device), logits_at.to(x.device)][
+                :, None
+            ]  # [B, 1, hidden]
         x = _rms_norm(x, self.norm, self.eps)
         return torch.matmul(x, self.lm_head_t).float()  # [B, T, V]

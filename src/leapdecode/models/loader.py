@@ -43,7 +43,9 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 def check_model_dir(path: str, what: str = "model") -> str:
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise LeapDecodeError(f"{what} path {path!r} does not exist: pass a Hugging Face model folder")
+        raise LeapDecodeError(
+            f"{what} path {path!r} does not exist: pass a Hugging Face model folder"
+        )
     if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
         raise LeapDecodeError(
             f"{what} path {path!r} is not a Hugging Face model folder (no config.json): "

@@ -9,7 +9,9 @@ def inverse_frequencies(config, head_dim: int) -> tuple[torch.Tensor, float]:
     """(inv_freq [head_dim // 2], attention_scaling) exactly as `transformers` computes them."""
     params = dict(getattr(config, "rope_parameters", None) or {})
     legacy = getattr(config, "rope_scaling", None) or {}  # transformers < 5
-    rope_type = params.get("rope_type") or legacy.get("rope_type") or legacy.get("type") or "default"
+    rope_type = (
+        params.get("rope_type") or legacy.get("rope_type") or legacy.get("type") or "default"
+    )
     if rope_type == "default":
         theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim

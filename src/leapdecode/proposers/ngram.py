@@ -15,7 +15,9 @@ from .base import Drafts, Proposer
 class NgramIndex:
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n, self.max_n = min_n, max_n
-        self.tables: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
+        self.tables: dict[int, dict[tuple[int, ...], int]] = {
+            n: {} for n in range(min_n, max_n + 1)
+        }
         self.indexed = 0  # continuation starts 1..indexed are registered
 
     def sync(self, tokens: list[int]) -> None:

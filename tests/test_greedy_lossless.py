@@ -1,0 +1,92 @@
+"""Greedy speculative output equals `transformers` `generate(do_sample=False)`, token for token.
+
+A divergence is tolerated only at a numerical tie: where the target's top-2 logits at that
+position differ by less than 1e-4. The test measures that margin; it does not skip.
+"""
+
+import pytest
+import torch
+
+import helpers
+
+TIE = 1e-4
+N_PROMPTS = 50
+MAX_NEW = 32
+
+
+@pytest.fixture(scope="module")
+def prompts(decoder):
+    """50 prompts of 3..60 tokens cut from standard-library code."""
+    text = "\n".join(helpers.stdlib_text())
+    ids = decoder.tokenizer.encode(text)
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(N_PROMPTS):
+        n = int(torch.randint(3, 61, (1,), generator=gen))
+        start = int(torch.randint(0, len(ids) - n, (1,), generator=gen))
+        out.append(ids[start : start + n])
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(prompts, hf_target):
+    refs = []
+    for p in prompts:
+        with torch.no_grad():
+            out = hf_target.generate(
+                torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                max_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0,
+            )  # fmt: skip
+        refs.append(out[0, len(p) :].tolist())
+    return refs
+
+
+def top2_margin(hf_target, tokens: list[int]) -> float:
+    with torch.no_grad():
+        logits = hf_target(torch.tensor([tokens])).logits[0, -1]
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
+def assert_lossless(prompts, outputs, reference, hf_target):
+    ties = 0
+    for p, got, want in zip(prompts, outputs, reference, strict=True):
+        if got == want:
+            continue
+        i = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+        if i is None:  # one stopped earlier than the other: a divergence in length
+            raise AssertionError(f"length differs: {len(got)} vs {len(want)} for prompt {p[:8]}")
+        margin = top2_margin(hf_target, p + want[:i])
+        assert margin < TIE, f"non-tie divergence at {i} (top-2 margin {margin:.2e})"
+        ties += 1
+    assert ties <= 2, f"{ties} tie divergences: suspiciously many"
+
+
+@pytest.mark.parametrize("method", ["none", "draft", "ngram"])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_greedy_matches_transformers_generate(decoder, prompts, reference, hf_target, method, k):
+    results = decoder.generate_batch(prompts, method=method, k=k, max_new_tokens=MAX_NEW)
+    assert_lossless(prompts, [r.token_ids for r in results], reference, hf_target)
+    proposed = sum(r.stats.proposed for r in results)
+    accepted = sum(r.stats.accepted for r in results)
+    if method == "none":
+        assert proposed == 0
+        assert all(r.stats.decode_steps == len(r.token_ids) - 1 for r in results)
+    else:  # both paths (acceptance and rejection) were exercised
+        assert 0 < accepted < proposed
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_greedy_one_prompt_at_a_time(decoder, prompts, reference, hf_target, method):
+    outputs = [decoder.generate(p, method=method, k=4, max_new_tokens=MAX_NEW).token_ids
+               for p in prompts[:20]]  # fmt: skip
+    assert_lossless(prompts[:20], outputs, reference[:20], hf_target)
+
+
+def test_transformers_backend_is_lossless_too(target_dir, draft_dir, prompts, reference, hf_target):
+    from leapdecode import LeapDecoder
+
+    dec = LeapDecoder.from_pretrained(target_dir, draft=draft_dir, backend="transformers")
+    outputs = [dec.generate(p, method="draft", k=4, max_new_tokens=MAX_NEW).token_ids
+               for p in prompts[:10]]  # fmt: skip
+    assert_lossless(prompts[:10], outputs, reference[:10], hf_target)

@@ -1,0 +1,130 @@
+"""End to end: with sampling, `draft` and `ngram` emit the target's own distribution.
+
+The exact joint distribution of the first two sampled tokens is computed from the target
+with `transformers` (temperature 1.5, top-k 3: at most 9 outcomes), summing the
+target's processed probabilities over every prefix. Each method draws
+N = 3000 samples (one batch of differently seeded rows); a Pearson chi-square goodness-of-fit
+test must give a p-value above 1e-4. Seeds are fixed, so the test is deterministic.
+"""
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import helpers
+from leapdecode import LeapDecoder
+from leapdecode.sampling import SamplingParams, process_logits
+
+N = 3000
+PARAMS = dict(temperature=1.5, top_k=3)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tok_dir):
+    """A tiny target whose next token depends on the current token only (attention output
+    zeroed: a bigram model), and a noisy copy of it as the draft. Prompt lookup then finds
+    drafts that the target may accept, so both its accept and reject paths run."""
+    path = str(tmp_path_factory.mktemp("bigram_target"))
+    target = helpers.make_llama(path, seed=3, tokenizer_dir=tok_dir)
+    with torch.no_grad():
+        for layer in target.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+    target.save_pretrained(path)
+    draft_path = str(tmp_path_factory.mktemp("bigram_draft"))
+    helpers.make_noisy_copy(target, draft_path, noise=0.5, seed=4, tokenizer_dir=tok_dir)
+    return target, LeapDecoder.from_pretrained(path, draft=draft_path)
+
+
+@pytest.fixture(scope="module")
+def hf_target(models):
+    return models[0]
+
+
+@pytest.fixture(scope="module")
+def decoder(models):
+    return models[1]
+
+
+@pytest.fixture(scope="module")
+def prompt(hf_target):
+    """Random tokens, preceded by each likely first token and its likely successor."""
+    gen = torch.Generator().manual_seed(5)
+    tail = torch.randint(1, hf_target.config.vocab_size, (8,), generator=gen).tolist()
+    params = SamplingParams(**PARAMS)
+    head = []
+    with torch.no_grad():
+        p1 = process_logits(hf_target(torch.tensor([tail])).logits[0, -1], params)
+        for c in torch.nonzero(p1)[:, 0].tolist():
+            head += [c, int(hf_target(torch.tensor([tail + [c]])).logits[0, -1].argmax())]
+    return head + tail
+
+
+@pytest.fixture(scope="module")
+def exact(hf_target, prompt):
+    params = SamplingParams(**PARAMS)
+    with torch.no_grad():
+        p1 = process_logits(hf_target(torch.tensor([prompt])).logits[0, -1], params)
+        joint = {}
+        for t1 in torch.nonzero(p1)[:, 0].tolist():
+            p2 = process_logits(hf_target(torch.tensor([prompt + [t1]])).logits[0, -1], params)
+            for t2 in torch.nonzero(p2)[:, 0].tolist():
+                joint[(t1, t2)] = float(p1[t1] * p2[t2])
+    return joint
+
+
+def sample_pairs(decoder, prompt, method, seed, **kw):
+    results = decoder.generate_batch(
+        [prompt] * N, method=method, k=3, max_new_tokens=4, seed=seed, **PARAMS, **kw
+    )
+    return results, [tuple(r.token_ids[:2]) for r in results]
+
+
+def gof_pvalue(pairs, exact) -> float:
+    outside = [p for p in pairs if p not in exact]
+    assert not outside, f"sampled an impossible pair {outside[0]}"
+    keys = sorted(exact, key=exact.get, reverse=True)
+    observed = [sum(1 for p in pairs if p == key) for key in keys]
+    expected = [exact[key] * len(pairs) for key in keys]
+    # Pool the rare outcomes so every cell expects at least 5 draws.
+    obs, exp, pool_o, pool_e = [], [], 0, 0.0
+    for o, e in zip(observed, expected, strict=True):
+        if e >= 5:
+            obs.append(o)
+            exp.append(e)
+        else:
+            pool_o, pool_e = pool_o + o, pool_e + e
+    if pool_e > 0:
+        obs.append(pool_o)
+        exp.append(pool_e)
+    scale = sum(obs) / sum(exp)
+    return chisquare(obs, [e * scale for e in exp]).pvalue
+
+
+def test_exact_distribution_is_spread(exact):
+    assert abs(sum(exact.values()) - 1) < 1e-5
+    assert len(exact) >= 4
+
+
+@pytest.mark.parametrize("method,kw", [("none", {}), ("draft", {}), ("ngram", {"ngram_min": 1})])
+def test_first_two_tokens_follow_the_target(decoder, prompt, exact, method, kw):
+    results, pairs = sample_pairs(decoder, prompt, method, seed=1000, **kw)
+    if method != "none":
+        proposed = sum(r.stats.proposed for r in results)
+        accepted = sum(r.stats.accepted for r in results)
+        assert 0 < accepted < proposed, (accepted, proposed)
+    pvalue = gof_pvalue(pairs, exact)
+    assert pvalue > 1e-4, f"{method}: chi-square p-value {pvalue:.2e}"
+
+
+def test_seeded_sampling_repeats(decoder, prompt):
+    a = decoder.generate(prompt, method="draft", k=3, max_new_tokens=12, seed=7, **PARAMS)
+    b = decoder.generate(prompt, method="draft", k=3, max_new_tokens=12, seed=7, **PARAMS)
+    assert a.token_ids == b.token_ids
+
+
+def test_all_outcomes_reachable(exact):
+    # Sanity of the fixture itself: outcomes are pairs over at most 3 x 3 tokens.
+    firsts = {a for a, _ in exact}
+    assert len(firsts) <= 3 and all(len(list(g)) <= 3 for _, g in itertools.groupby(sorted(exact)))
