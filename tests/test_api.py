@@ -1,0 +1,122 @@
+"""The Python API: results, streaming, stop conditions, and ValueError for bad input."""
+
+import pytest
+import torch
+
+import helpers
+from leapdecode import LeapDecodeError, LeapDecoder
+
+
+def test_generate_returns_text_ids_reason_and_stats(decoder):
+    out = decoder.generate("def add(a, b):", method="draft", k=4, max_new_tokens=20)
+    assert out.token_ids and len(out.token_ids) <= 20
+    assert out.text == decoder.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    assert out.finish_reason in ("length", "stop")
+    s = out.stats
+    assert s.new_tokens == len(out.token_ids)
+    assert s.target_forwards == s.decode_steps + 1  # + the prefill
+    assert s.proposed >= s.accepted >= 0
+    assert s.mean_accepted_tokens == pytest.approx((s.accepted + s.decode_steps) / s.decode_steps)
+    assert len(s.as_dict()["acceptance_by_position"]) == 4
+
+
+def test_token_id_prompt_equals_text_prompt(decoder):
+    text = "class Stack:\n    def push(self, x):"
+    ids = decoder.tokenizer.encode(text)
+    a = decoder.generate(text, method="ngram", max_new_tokens=16)
+    b = decoder.generate(ids, method="ngram", max_new_tokens=16)
+    assert a.token_ids == b.token_ids
+
+
+@pytest.mark.parametrize("method", ["none", "draft", "ngram"])
+def test_stream_concatenates_to_generate(decoder, method):
+    prompt = "def fib(n):\n    if n < 2:\n        return n\n"
+    pieces = list(decoder.stream(prompt, method=method, k=3, max_new_tokens=24))
+    full = decoder.generate(prompt, method=method, k=3, max_new_tokens=24)
+    assert "".join(pieces) == full.text
+    assert len(pieces) >= 2
+
+
+def test_stop_token_ids_and_eos(decoder):
+    base = decoder.generate("import os\n", method="ngram", max_new_tokens=20)
+    stop_at = base.token_ids[5]
+    first = base.token_ids.index(stop_at)
+    out = decoder.generate("import os\n", method="draft", k=4, max_new_tokens=20, stop_token_ids=[stop_at])
+    assert out.finish_reason == "stop"
+    assert out.token_ids == base.token_ids[: first + 1]
+
+
+def test_stop_string_cuts_the_text(decoder):
+    base = decoder.generate("def f(x):", method="none", max_new_tokens=30)
+    stop = base.text[10:13]
+    assert stop
+    out = decoder.generate("def f(x):", method="ngram", max_new_tokens=30, stop=stop)
+    assert out.finish_reason == "stop"
+    assert stop not in out.text
+    assert base.text.startswith(out.text)
+    streamed = "".join(decoder.stream("def f(x):", method="ngram", max_new_tokens=30, stop=stop))
+    assert streamed == out.text
+
+
+def test_padded_draft_vocabulary_is_fine(tmp_path_factory, tok_dir, target_dir, hf_target):
+    """A draft whose embedding is padded past the tokenizer still works, losslessly."""
+    path = str(tmp_path_factory.mktemp("padded_draft"))
+    helpers.make_llama(path, seed=11, tokenizer_dir=tok_dir, vocab_size=helpers.VOCAB + 64)
+    dec = LeapDecoder.from_pretrained(target_dir, draft=path)
+    ids = dec.tokenizer.encode("for i in range(3):")
+    out = dec.generate(ids, method="draft", k=4, max_new_tokens=16)
+    with torch.no_grad():
+        ref = hf_target.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False,
+                                 attention_mask=torch.ones(1, len(ids), dtype=torch.long))  # fmt: skip
+    assert out.token_ids == ref[0, len(ids) :].tolist()
+
+
+def test_generation_stops_at_the_context_limit(decoder):
+    ids = [5] * (decoder.target.max_context - 3)
+    out = decoder.generate(ids, method="ngram", k=8, max_new_tokens=50)
+    assert len(out.token_ids) <= 3
+    assert out.finish_reason in ("length", "stop")
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"prompt": ""}, "empty"),
+        ({"prompt": []}, "empty"),
+        ({"prompt": [10**6]}, "outside the vocabulary"),
+        ({"prompt": "x", "k": -1}, "k must be"),
+        ({"prompt": "x", "k": 65}, "k must be"),
+        ({"prompt": "x", "temperature": -1.0}, "temperature"),
+        ({"prompt": "x", "top_p": 0.0}, "top-p"),
+        ({"prompt": "x", "top_p": 2.0}, "top-p"),
+        ({"prompt": "x", "top_k": -3}, "top-k"),
+        ({"prompt": "x", "max_new_tokens": 0}, "max_new_tokens"),
+        ({"prompt": "x", "method": "magic"}, "unknown method"),
+        ({"prompt": "x", "method": "ngram", "ngram_min": 3, "ngram_max": 2}, "n-gram"),
+        ({"prompt": "x", "stop": [""]}, "stop strings"),
+        ({"prompt": "y " * 300}, "context"),
+    ],
+)
+def test_bad_input_raises_value_error(decoder, kwargs, needle):
+    kwargs = dict(kwargs)
+    prompt = kwargs.pop("prompt")
+    with pytest.raises(ValueError, match=needle) as e:
+        decoder.generate(prompt, **kwargs)
+    assert isinstance(e.value, LeapDecodeError)
+
+
+def test_bad_model_paths_raise_value_error(tmp_path, target_dir):
+    with pytest.raises(LeapDecodeError, match="does not exist"):
+        LeapDecoder.from_pretrained(str(tmp_path / "none"))
+    with pytest.raises(LeapDecodeError, match="config.json"):
+        LeapDecoder.from_pretrained(str(tmp_path))
+    with pytest.raises(LeapDecodeError, match="backend"):
+        LeapDecoder.from_pretrained(target_dir, backend="tensorrt")
+    with pytest.raises(LeapDecodeError, match="dtype"):
+        LeapDecoder.from_pretrained(target_dir, dtype="int3")
+
+
+def test_draft_method_without_draft(target_dir):
+    dec = LeapDecoder.from_pretrained(target_dir)
+    with pytest.raises(LeapDecodeError, match="needs a draft"):
+        dec.generate("x", method="draft")

@@ -1,0 +1,143 @@
+"""The CLI's JSON contract, and one clear error line (never a traceback) for bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import helpers
+from leapdecode.cli import main
+
+STATS_KEYS = {
+    "target_forwards": int, "draft_forwards": int, "proposed": int, "accepted": int,
+    "acceptance_rate": float, "mean_accepted_tokens": float, "prefill_s": float,
+    "decode_s": float, "wall_s": float, "tokens_per_s": float,
+}  # fmt: skip
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def check_contract(obj):
+    assert isinstance(obj["text"], str)
+    assert isinstance(obj["token_ids"], list) and all(isinstance(t, int) for t in obj["token_ids"])
+    assert obj["finish_reason"] in ("length", "stop")
+    for key, typ in STATS_KEYS.items():
+        assert isinstance(obj["stats"][key], typ), key
+
+
+@pytest.mark.parametrize("method", ["none", "draft", "ngram"])
+def test_json_one_object_per_prompt(capsys, tmp_path, target_dir, draft_dir, method):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["def f(x):", "import os\n", "x = 1"]))
+    code, out, err = run_cli(
+        capsys, "generate", "--target", target_dir, "--draft", draft_dir, "--method", method,
+        "--k", "3", "--max-new-tokens", "12", "--json", "--prompts-file", str(prompts),
+    )  # fmt: skip
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert len(lines) == 3
+    for line in lines:
+        obj = json.loads(line)
+        check_contract(obj)
+        assert len(obj["token_ids"]) == 12 or obj["finish_reason"] == "stop"
+        assert obj["stats"]["draft_forwards"] > 0 if method == "draft" else True
+
+
+def test_plain_output_prints_prompt_and_completion(capsys, target_dir):
+    code, out, err = run_cli(capsys, "generate", "--target", target_dir, "--max-new-tokens", "5", "def f(x):")
+    assert code == 0
+    assert out.startswith("def f(x):")
+    assert "tokens/forward" in err
+
+
+def test_stdin_prompt(capsys, monkeypatch, target_dir):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("import sys\n"))
+    code, out, _ = run_cli(capsys, "generate", "--target", target_dir, "--json", "--max-new-tokens", "3", "-")
+    assert code == 0
+    check_contract(json.loads(out))
+
+
+@pytest.fixture(scope="module")
+def other_tokenizer_draft(tmp_path_factory):
+    tok = str(tmp_path_factory.mktemp("tok2"))
+    helpers.make_tokenizer(tok, vocab=300)
+    path = str(tmp_path_factory.mktemp("draft2"))
+    helpers.make_llama(path, seed=9, tokenizer_dir=tok, vocab_size=300)
+    return path
+
+
+def bad_cases(tmp_path, target_dir, draft_dir, other_draft):
+    not_model = tmp_path / "empty"
+    not_model.mkdir()
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text('{"prompt": "ok"}\n{not json\n')
+    no_key = tmp_path / "nokey.jsonl"
+    no_key.write_text('{"text": "x"}\n')
+    empty_file = tmp_path / "empty.jsonl"
+    empty_file.write_text("\n")
+    t = ["generate", "--target", target_dir]
+    return {
+        "missing target": (["generate", "--target", str(tmp_path / "nope"), "x"], "does not exist"),
+        "not a model folder": (["generate", "--target", str(not_model), "x"], "no config.json"),
+        "vocabulary mismatch": (t + ["--method", "draft", "--draft", other_draft, "x"], "tokenizer"),
+        "draft method without draft": (t + ["--method", "draft", "x"], "needs a draft"),
+        "empty prompt": (t + [""], "empty"),
+        "prompt too long": (t + ["x " * 400], "context"),
+        "negative k": (t + ["--method", "ngram", "--k", "-1", "x"], "k must be"),
+        "absurd k": (t + ["--method", "ngram", "--k", "100000", "x"], "k must be"),
+        "negative temperature": (t + ["--temperature", "-0.5", "x"], "temperature"),
+        "top-p zero": (t + ["--top-p", "0", "x"], "top-p"),
+        "top-p above one": (t + ["--top-p", "1.5", "x"], "top-p"),
+        "malformed prompts file": (t + ["--prompts-file", str(bad_json)], "bad.jsonl:2"),
+        "prompts file without prompt key": (t + ["--prompts-file", str(no_key)], "nokey.jsonl:1"),
+        "empty prompts file": (t + ["--prompts-file", str(empty_file)], "no prompts"),
+        "missing prompts file": (t + ["--prompts-file", str(tmp_path / "none.jsonl")], "cannot read"),
+        "no prompt": (t, "no prompt"),
+        "zero max tokens": (t + ["--max-new-tokens", "0", "x"], "max_new_tokens"),
+        "non-integer k": (t + ["--k", "two", "x"], "invalid int"),
+        "unknown method": (t + ["--method", "magic", "x"], "invalid choice"),
+        "cuda on a CPU machine": (t + ["--device", "cuda", "x"], "CUDA"),
+    }
+
+
+def test_bad_input_gives_one_clear_line(capsys, tmp_path, target_dir, draft_dir, other_tokenizer_draft):
+    cases = bad_cases(tmp_path, target_dir, draft_dir, other_tokenizer_draft)
+    for name, (argv, needle) in cases.items():
+        if name == "cuda on a CPU machine" and __import__("torch").cuda.is_available():
+            continue
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse's own checks exit through SystemExit
+            code = e.code
+        out, err = capsys.readouterr()
+        assert code not in (0, None), name
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, f"{name}: {err!r}"
+        assert lines[0].startswith("leapdecode: error:"), f"{name}: {err!r}"
+        assert needle in lines[0], f"{name}: {lines[0]!r}"
+        assert "Traceback" not in err and out == ""
+
+
+def _run(args, **kw):
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, "-m", "leapdecode.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=300, **kw)  # fmt: skip
+
+
+def test_subprocess_json_and_error(target_dir, draft_dir, tmp_path):
+    ok = _run(["generate", "--target", target_dir, "--draft", draft_dir, "--method", "draft",
+               "--max-new-tokens", "8", "--json", "def g():"])  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    check_contract(json.loads(ok.stdout))
+    bad = _run(["generate", "--target", str(tmp_path / "missing"), "x"])
+    assert bad.returncode == 2
+    assert "Traceback" not in bad.stderr
+    assert bad.stderr.strip().startswith("leapdecode: error:")
