@@ -92,7 +92,9 @@ def main() -> None:
     with open(args.out, "w") as f:
         f.write(table + "\n")
     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-        json.dump({"config": CONFIG, "context": CONTEXT, "reps": args.reps, "rows": rows}, f, indent=1)
+        json.dump(
+            {"config": CONFIG, "context": CONTEXT, "reps": args.reps, "rows": rows}, f, indent=1
+        )
     plot(rows, os.path.splitext(args.out)[0] + ".png")
 
 

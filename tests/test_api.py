@@ -41,7 +41,9 @@ def test_stop_token_ids_and_eos(decoder):
     base = decoder.generate("import os\n", method="ngram", max_new_tokens=20)
     stop_at = base.token_ids[5]
     first = base.token_ids.index(stop_at)
-    out = decoder.generate("import os\n", method="draft", k=4, max_new_tokens=20, stop_token_ids=[stop_at])
+    out = decoder.generate(
+        "import os\n", method="draft", k=4, max_new_tokens=20, stop_token_ids=[stop_at]
+    )
     assert out.finish_reason == "stop"
     assert out.token_ids == base.token_ids[: first + 1]
 

@@ -34,7 +34,9 @@ def check_contract(obj):
 @pytest.mark.parametrize("method", ["none", "draft", "ngram"])
 def test_json_one_object_per_prompt(capsys, tmp_path, target_dir, draft_dir, method):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["def f(x):", "import os\n", "x = 1"]))
+    prompts.write_text(
+        "\n".join(json.dumps({"prompt": p}) for p in ["def f(x):", "import os\n", "x = 1"])
+    )
     code, out, err = run_cli(
         capsys, "generate", "--target", target_dir, "--draft", draft_dir, "--method", method,
         "--k", "3", "--max-new-tokens", "12", "--json", "--prompts-file", str(prompts),
@@ -50,7 +52,9 @@ def test_json_one_object_per_prompt(capsys, tmp_path, target_dir, draft_dir, met
 
 
 def test_plain_output_prints_prompt_and_completion(capsys, target_dir):
-    code, out, err = run_cli(capsys, "generate", "--target", target_dir, "--max-new-tokens", "5", "def f(x):")
+    code, out, err = run_cli(
+        capsys, "generate", "--target", target_dir, "--max-new-tokens", "5", "def f(x):"
+    )
     assert code == 0
     assert out.startswith("def f(x):")
     assert "tokens/forward" in err
@@ -60,7 +64,9 @@ def test_stdin_prompt(capsys, monkeypatch, target_dir):
     import io
 
     monkeypatch.setattr(sys, "stdin", io.StringIO("import sys\n"))
-    code, out, _ = run_cli(capsys, "generate", "--target", target_dir, "--json", "--max-new-tokens", "3", "-")
+    code, out, _ = run_cli(
+        capsys, "generate", "--target", target_dir, "--json", "--max-new-tokens", "3", "-"
+    )
     assert code == 0
     check_contract(json.loads(out))
 
@@ -87,7 +93,10 @@ def bad_cases(tmp_path, target_dir, draft_dir, other_draft):
     return {
         "missing target": (["generate", "--target", str(tmp_path / "nope"), "x"], "does not exist"),
         "not a model folder": (["generate", "--target", str(not_model), "x"], "no config.json"),
-        "vocabulary mismatch": (t + ["--method", "draft", "--draft", other_draft, "x"], "tokenizer"),
+        "vocabulary mismatch": (
+            t + ["--method", "draft", "--draft", other_draft, "x"],
+            "tokenizer",
+        ),
         "draft method without draft": (t + ["--method", "draft", "x"], "needs a draft"),
         "empty prompt": (t + [""], "empty"),
         "prompt too long": (t + ["x " * 400], "context"),
@@ -99,7 +108,10 @@ def bad_cases(tmp_path, target_dir, draft_dir, other_draft):
         "malformed prompts file": (t + ["--prompts-file", str(bad_json)], "bad.jsonl:2"),
         "prompts file without prompt key": (t + ["--prompts-file", str(no_key)], "nokey.jsonl:1"),
         "empty prompts file": (t + ["--prompts-file", str(empty_file)], "no prompts"),
-        "missing prompts file": (t + ["--prompts-file", str(tmp_path / "none.jsonl")], "cannot read"),
+        "missing prompts file": (
+            t + ["--prompts-file", str(tmp_path / "none.jsonl")],
+            "cannot read",
+        ),
         "no prompt": (t, "no prompt"),
         "zero max tokens": (t + ["--max-new-tokens", "0", "x"], "max_new_tokens"),
         "non-integer k": (t + ["--k", "two", "x"], "invalid int"),
@@ -108,7 +120,9 @@ def bad_cases(tmp_path, target_dir, draft_dir, other_draft):
     }
 
 
-def test_bad_input_gives_one_clear_line(capsys, tmp_path, target_dir, draft_dir, other_tokenizer_draft):
+def test_bad_input_gives_one_clear_line(
+    capsys, tmp_path, target_dir, draft_dir, other_tokenizer_draft
+):
     cases = bad_cases(tmp_path, target_dir, draft_dir, other_tokenizer_draft)
     for name, (argv, needle) in cases.items():
         if name == "cuda on a CPU machine" and __import__("torch").cuda.is_available():

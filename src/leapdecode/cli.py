@@ -59,6 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="one JSON object per prompt per line")
     gen.add_argument("--prompts-file", help='JSONL file, one {"prompt": ...} per line')
     gen.add_argument("prompt", nargs="?", help="the prompt text, or - to read stdin")
+
+    demo = sub.add_parser("demo", help="speculative vs plain decoding on the embedded models")
+    _add_model_args(demo)
+    demo.add_argument("--prompt", default=None, help="prompt text (default: a code snippet)")
+    demo.add_argument("--k", type=int, default=4)
+    demo.add_argument("--max-new-tokens", type=int, default=128)
+    demo.add_argument("--repeats", type=int, default=3)
+
+    from .train.commands import add_parsers
+
+    add_parsers(sub)
     return parser
 
 
@@ -152,7 +163,21 @@ def cmd_generate(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate}
+def cmd_train(args) -> int:
+    from .train.commands import cmd_train as run
+
+    return run(args)
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    if args.repeats < 1:
+        raise LeapDecodeError("--repeats must be >= 1")
+    return run_demo(args)
+
+
+COMMANDS = {"generate": cmd_generate, "train": cmd_train, "demo": cmd_demo}
 
 
 def main(argv: list[str] | None = None) -> int:

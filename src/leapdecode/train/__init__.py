@@ -1,0 +1,1 @@
+"""Training: corpus, tokenizer, target LM, and a draft distilled from the target."""

@@ -1,0 +1,211 @@
+"""`leapdecode train tokenizer | target | draft | evaluate`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import torch
+
+from ..errors import LeapDecodeError
+from . import corpus
+from .data import load_or_encode
+from .loop import TrainConfig, train
+
+RUNS = os.path.join(os.path.expanduser("~"), ".cache", "leapdecode", "runs")
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("train", help="train a tokenizer, a target LM or a distilled draft")
+    what = p.add_subparsers(dest="what", required=True, parser_class=type(p))
+
+    tok = what.add_parser("tokenizer", help="byte-level BPE on the training split")
+    _data_args(tok)
+    tok.add_argument("--vocab-size", type=int, default=8192)
+    tok.add_argument("--out", required=True)
+
+    tgt = what.add_parser("target", help="a Llama-architecture LM, cross-entropy")
+    _data_args(tgt)
+    tgt.add_argument("--tokenizer", required=True, help="folder from `train tokenizer`")
+    _model_args(tgt, hidden=512, layers=6, heads=8, kv_heads=4, intermediate=1376)
+    _loop_args(tgt, steps=800, batch=8, lr=2e-3)
+
+    dr = what.add_parser("draft", help="a small LM distilled from the target (forward KL)")
+    _data_args(dr)
+    dr.add_argument("--target", required=True, help="trained target folder (teacher)")
+    _model_args(dr, hidden=192, layers=2, heads=3, kv_heads=3, intermediate=512)
+    _loop_args(dr, steps=300, batch=8, lr=3e-3)
+    dr.add_argument("--ce-weight", type=float, default=0.1, help="share of plain cross-entropy")
+
+    ev = what.add_parser("evaluate", help="measure a trained pair and write the model cards")
+    _data_args(ev)
+    ev.add_argument("--target", required=True)
+    ev.add_argument("--draft", default=None)
+    ev.add_argument("--prompts", type=int, default=12, help="validation prompts for acceptance")
+
+
+def _data_args(p) -> None:
+    p.add_argument("--data", default=None, help="folder of training files (default: Python stdlib)")
+    p.add_argument("--ext", default=".py", help="file extensions to use, comma-separated")
+    p.add_argument("--val-percent", type=float, default=2.0)
+
+
+def _model_args(p, hidden, layers, heads, kv_heads, intermediate) -> None:
+    p.add_argument("--out", required=True, help="output folder (Hugging Face format)")
+    p.add_argument("--run-dir", default=None, help=f"checkpoints and caches (default {RUNS}/NAME)")
+    p.add_argument("--hidden", type=int, default=hidden)
+    p.add_argument("--layers", type=int, default=layers)
+    p.add_argument("--heads", type=int, default=heads)
+    p.add_argument("--kv-heads", type=int, default=kv_heads)
+    p.add_argument("--intermediate", type=int, default=intermediate)
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--save-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+
+
+def _loop_args(p, steps, batch, lr) -> None:
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--batch", type=int, default=batch)
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--warmup", type=int, default=None, help="default: 6%% of the steps")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--checkpoint-every", type=int, default=25)
+    p.add_argument(
+        "--no-bf16", action="store_true", help="train in float32 (default: bf16 autocast)"
+    )
+
+
+def _extensions(args) -> tuple[str, ...]:
+    return tuple(e if e.startswith(".") else "." + e for e in args.ext.split(",") if e)
+
+
+def _train_config(args) -> TrainConfig:
+    for name in ("steps", "batch", "context"):
+        if getattr(args, name) < 1:
+            raise LeapDecodeError(f"--{name} must be >= 1")
+    if args.lr <= 0:
+        raise LeapDecodeError("--lr must be > 0")
+    warmup = args.warmup if args.warmup is not None else max(1, args.steps * 6 // 100)
+    return TrainConfig(
+        steps=args.steps, batch=args.batch, context=args.context, lr=args.lr, warmup=warmup,
+        seed=args.seed, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
+        bf16=not args.no_bf16, threads=args.threads, ce_weight=getattr(args, "ce_weight", 0.0),
+    )  # fmt: skip
+
+
+def _llama_config(args, tokenizer):
+    from transformers import LlamaConfig
+
+    if args.hidden % args.heads or args.heads % args.kv_heads:
+        raise LeapDecodeError("--hidden must divide by --heads, and --heads by --kv-heads")
+    eos = tokenizer.eos_token_id
+    return LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=args.hidden, intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads, max_position_embeddings=args.context,
+        tie_word_embeddings=True, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos,
+        rms_norm_eps=1e-5, initializer_range=0.02,
+    )  # fmt: skip
+
+
+def _load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        raise LeapDecodeError(
+            f"{path!r} has no tokenizer.json: run `leapdecode train tokenizer` first"
+        )
+    return AutoTokenizer.from_pretrained(path)
+
+
+def _corpus(args):
+    root = args.data or corpus.stdlib_dir()
+    return root, corpus.scan(root, _extensions(args), args.val_percent)
+
+
+def _save(model, tokenizer, args, root, files, summary: dict, kind: str) -> None:
+    from transformers import GenerationConfig
+
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    os.makedirs(args.out, exist_ok=True)
+    model.to(dtype[args.save_dtype]).save_pretrained(args.out, safe_serialization=True)
+    model.float()
+    tokenizer.save_pretrained(args.out)
+    eos = tokenizer.eos_token_id
+    GenerationConfig(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos).save_pretrained(args.out)
+    m = corpus.save_manifest(root, files, args.out)
+    summary = {**summary, "kind": kind, "parameters": sum(p.numel() for p in model.parameters()),
+               "corpus_manifest_sha256": m["sha256"], "save_dtype": args.save_dtype}  # fmt: skip
+    with open(os.path.join(args.out, "training_summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+
+
+def cmd_tokenizer(args) -> int:
+    from .tokenizer import train_tokenizer
+
+    if not 256 < args.vocab_size <= 65_536:
+        raise LeapDecodeError("--vocab-size must be in 257..65536")
+    tok = train_tokenizer(args.data, args.out, args.vocab_size, _extensions(args), args.val_percent)
+    print(f"tokenizer with {len(tok)} tokens saved to {args.out}")
+    return 0
+
+
+def cmd_target(args) -> int:
+    from transformers import LlamaForCausalLM
+
+    cfg = _train_config(args)
+    tokenizer = _load_tokenizer(args.tokenizer)
+    root, files = _corpus(args)
+    run_dir = args.run_dir or os.path.join(RUNS, os.path.basename(os.path.abspath(args.out)))
+    train_tokens = load_or_encode(tokenizer, root, files, "train", run_dir)
+    val_tokens = load_or_encode(tokenizer, root, files, "validation", run_dir)
+    torch.manual_seed(cfg.seed)
+    model = LlamaForCausalLM(_llama_config(args, tokenizer))
+    print(f"target: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
+          f"{len(train_tokens) / 1e6:.2f}M training tokens, run folder {run_dir}")  # fmt: skip
+    summary = train(model, train_tokens, val_tokens, cfg, run_dir, "target")
+    _save(model, tokenizer, args, root, files, summary, "target")
+    print(
+        f"target saved to {args.out}; measure it with `leapdecode train evaluate --target {args.out}`"
+    )
+    return 0
+
+
+def cmd_draft(args) -> int:
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+    cfg = _train_config(args)
+    tokenizer = _load_tokenizer(args.target)
+    teacher = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    root, files = _corpus(args)
+    run_dir = args.run_dir or os.path.join(RUNS, os.path.basename(os.path.abspath(args.out)))
+    train_tokens = load_or_encode(tokenizer, root, files, "train", run_dir)
+    val_tokens = load_or_encode(tokenizer, root, files, "validation", run_dir)
+    torch.manual_seed(cfg.seed)
+    model = LlamaForCausalLM(_llama_config(args, tokenizer))
+    print(f"draft: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
+          f"distilled from {args.target}")  # fmt: skip
+    summary = train(model, train_tokens, val_tokens, cfg, run_dir, "draft", teacher=teacher)
+    _save(model, tokenizer, args, root, files, {**summary, "teacher": args.target}, "draft")
+    print(f"draft saved to {args.out}")
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from .evaluate import evaluate_and_write_cards
+
+    evaluate_and_write_cards(args)
+    return 0
+
+
+def cmd_train(args) -> int:
+    return {"tokenizer": cmd_tokenizer, "target": cmd_target, "draft": cmd_draft,
+            "evaluate": cmd_evaluate}[args.what](args)  # fmt: skip
+
+
+def clean_run(run_dir: str) -> None:
+    shutil.rmtree(run_dir, ignore_errors=True)
