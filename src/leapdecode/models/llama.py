@@ -175,7 +175,6 @@ class NativeLlama(CausalLM):
 
     # ------------------------------------------------------------------- cache
     def allocate(self, n_slots: int, max_len: int) -> None:
-        max_len = min(max_len, self.max_context)
         c = self.cache
         if c is not None and c.n_slots == n_slots and c.max_len >= max_len:
             c.lens.zero_()
@@ -237,7 +236,8 @@ class NativeLlama(CausalLM):
             )
         write_pos = start[:, None] + torch.arange(n_new)  # [B, T] cache positions
         offsets = torch.arange(n_new)[None] if position_offsets is None else position_offsets.cpu()
-        positions = start[:, None] + offsets  # [B, T] rotary positions
+        # Rotary positions; right-padding past the context reuses the last table row.
+        positions = (start[:, None] + offsets).clamp(max=self.max_context - 1)  # [B, T]
         masks = self._masks(start, n_new, span, tree_mask, positions)
         first = int(slots_cpu[0])
         contiguous = first if torch.equal(slots_cpu, torch.arange(first, first + batch)) else None

@@ -131,14 +131,13 @@ def train(model, train_tokens: np.ndarray, val_tokens: np.ndarray, cfg: TrainCon
         opt.zero_grad(set_to_none=True)
         dt = time.perf_counter() - t0
         elapsed += dt
-        entry = {"step": step + 1, "loss": float(loss), "lr": lr_at(cfg, step), "step_s": dt}
+        loss = loss.item()
+        entry = {"step": step + 1, "loss": loss, "lr": lr_at(cfg, step), "step_s": dt}
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             entry["val_loss"] = eval_loss(model, val_tokens, cfg)
-            tqdm.write(
-                f"{desc} step {step + 1}: train {float(loss):.3f}  val {entry['val_loss']:.3f}"
-            )
+            tqdm.write(f"{desc} step {step + 1}: train {loss:.3f}  val {entry['val_loss']:.3f}")
         log.append(entry)
-        bar.set_postfix(loss=f"{float(loss):.3f}", tok_s=f"{tokens_per_step / dt:.0f}")
+        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_step / dt:.0f}")
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             _save_checkpoint(ckpt_path, model, opt, step + 1, log)
     val = [e["val_loss"] for e in log if "val_loss" in e]

@@ -1,0 +1,291 @@
+"""Measure a trained target (and draft) on the held-out files and write their model cards.
+
+- validation loss (nats/token) and bits per byte over every held-out file, and the same
+  bytes compressed file by file with xz at `-9e` (Python's `lzma`, preset 9 | EXTREME);
+- draft: greedy agreement with the target (both argmaxes equal, teacher-forced) and mean
+  accepted tokens per target forward at k = 4 on validation prompts;
+- decode ms/token of each model (native backend, float32, one token after 256 cached).
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+import math
+import os
+import statistics
+import time
+
+import torch
+from tqdm import tqdm
+
+from ..errors import LeapDecodeError
+from .tokenizer import EOS
+
+
+def _manifest(model_dir: str) -> dict:
+    path = os.path.join(model_dir, "corpus_manifest.json")
+    if not os.path.isfile(path):
+        raise LeapDecodeError(f"{model_dir!r} has no corpus_manifest.json: was it trained here?")
+    with open(path) as f:
+        return json.load(f)
+
+
+def validation_files(manifest: dict, root: str | None = None) -> list[tuple[str, bytes]]:
+    """The held-out files, checked against the manifest's sha256 (the corpus must not drift)."""
+    import hashlib
+
+    root = root or manifest["root"]
+    out = []
+    for f in manifest["files"]:
+        if f["split"] != "validation":
+            continue
+        path = os.path.join(root, f["path"])
+        try:
+            data = open(path, "rb").read()
+        except OSError as e:
+            raise LeapDecodeError(f"validation file {path!r} is missing: pass --data DIR") from e
+        if hashlib.sha256(data).hexdigest() != f["sha256"]:
+            raise LeapDecodeError(f"validation file {path!r} differs from the manifest")
+        out.append((f["path"], data))
+    return out
+
+
+def xz_bits_per_byte(files: list[tuple[str, bytes]]) -> float:
+    compressed = sum(len(lzma.compress(d, preset=9 | lzma.PRESET_EXTREME)) for _, d in files)
+    return 8 * compressed / sum(len(d) for _, d in files)
+
+
+@torch.no_grad()
+def scored_windows(models: dict, tokenizer, files, context: int):
+    """Per model: total NLL (nats) and token count; plus argmax agreement between models.
+
+    Each file is scored on its own, after <|endoftext|>, in windows of `context` tokens that
+    advance by half a window; each token is scored once, with at least half a window of
+    context (or all of the file before it).
+    """
+    keep = context // 2  # tokens of overlap carried into the next window
+    eos = tokenizer.convert_tokens_to_ids(EOS)
+    nll = {name: 0.0 for name in models}
+    count = 0
+    agree = 0
+    for _, data in tqdm(files, desc="scoring validation files"):
+        ids = [eos] + tokenizer.encode(data.decode("utf-8"), add_special_tokens=False)
+        ids_t = torch.tensor(ids)
+        scored_upto = 1  # ids[0] (eos) is never predicted
+        start = 0
+        while scored_upto < len(ids):
+            end = min(len(ids), start + context)
+            window = ids_t[start:end][None]
+            first = scored_upto - start  # first position (in the window) whose label we score
+            labels = ids_t[scored_upto:end]
+            argmaxes = []
+            for name, m in models.items():
+                logits = m(input_ids=window).logits[0, first - 1 : end - start - 1].float()
+                nll[name] += float(
+                    torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+                )
+                argmaxes.append(logits.argmax(-1))
+            if len(argmaxes) == 2:
+                agree += int((argmaxes[0] == argmaxes[1]).sum())
+            count += len(labels)
+            scored_upto = end
+            start = end - keep
+    return nll, count, agree
+
+
+def decode_ms(path: str, context: int = 256, reps: int = 100) -> float:
+    from ..models import load_model
+
+    m = load_model(path)
+    context = min(context, m.max_context // 2)
+    slot = torch.tensor([0])
+    m.allocate(1, context + 8)
+    m.forward(torch.randint(0, m.vocab_size, (1, context)), slot)
+    times = []
+    tok = torch.tensor([[1]])
+    for _ in range(reps + 10):
+        t0 = time.perf_counter()
+        m.forward(tok, slot)
+        times.append(time.perf_counter() - t0)
+        m.truncate(slot, torch.tensor([context]))
+    return statistics.median(times[10:]) * 1e3
+
+
+def validation_prompts(tokenizer, files, n: int, prompt_tokens: int = 192) -> list[str]:
+    """Prefixes of held-out files, cut at a line boundary."""
+    prompts = []
+    for _, data in files:
+        text = data.decode("utf-8")
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) < prompt_tokens + 128:
+            continue
+        prefix = tokenizer.decode(ids[:prompt_tokens])
+        cut = prefix.rfind("\n")
+        prompts.append(prefix[: cut + 1] if cut > 0 else prefix)
+        if len(prompts) == n:
+            break
+    return prompts
+
+
+def acceptance_at_k(target: str, draft: str, prompts: list[str], k: int = 4, new: int = 128):
+    from ..api import LeapDecoder
+
+    dec = LeapDecoder.from_pretrained(target, draft=draft)
+    steps = accepted = proposed = 0
+    for p in tqdm(prompts, desc=f"draft k={k} on validation prompts"):
+        s = dec.generate(p, method="draft", k=k, max_new_tokens=new).stats
+        steps, accepted, proposed = (
+            steps + s.decode_steps,
+            accepted + s.accepted,
+            proposed + s.proposed,
+        )
+    return (accepted + steps) / steps, accepted / max(1, proposed)
+
+
+def evaluate_and_write_cards(args) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    manifest = _manifest(args.target)
+    files = validation_files(manifest, args.data)
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    paths = {"target": args.target} | ({"draft": args.draft} if args.draft else {})
+    models = {
+        n: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval()
+        for n, p in paths.items()
+    }
+    context = models["target"].config.max_position_embeddings
+    nll, count, agree = scored_windows(models, tokenizer, files, context)
+    n_bytes = sum(len(d) for _, d in files)
+    xz = xz_bits_per_byte(files)
+    report = {"validation_files": len(files), "validation_bytes": n_bytes,
+              "validation_tokens": count, "xz_9e_bits_per_byte": xz,
+              "corpus_manifest_sha256": manifest["sha256"]}  # fmt: skip
+    for name in paths:
+        report[name] = {
+            "validation_loss_nats_per_token": nll[name] / count,
+            "bits_per_byte": nll[name] / math.log(2) / n_bytes,
+            "decode_ms_per_token": decode_ms(paths[name]),
+        }
+        report[name]["bits_per_byte_vs_xz"] = report[name]["bits_per_byte"] / xz
+    if args.draft:
+        n_prompt, n_new = min(192, context // 2), min(128, context // 4)
+        prompts = validation_prompts(tokenizer, files, args.prompts, n_prompt)
+        mat, rate = acceptance_at_k(args.target, args.draft, prompts, new=n_new)
+        report["draft"] |= {
+            "greedy_agreement": agree / count,
+            "mean_accepted_tokens_k4": mat,
+            "acceptance_rate_k4": rate,
+            "acceptance_prompts": len(prompts),
+            "acceptance_new_tokens": n_new,
+            "decode_cost_vs_target": report["draft"]["decode_ms_per_token"]
+            / report["target"]["decode_ms_per_token"],
+        }
+    for name, path in paths.items():
+        with open(os.path.join(path, "evaluation.json"), "w") as f:
+            json.dump(report, f, indent=1)
+        write_card(path, name, report, models[name])
+    print(json.dumps(report, indent=1))
+    return report
+
+
+def _summary(path: str) -> dict:
+    p = os.path.join(path, "training_summary.json")
+    return json.load(open(p)) if os.path.isfile(p) else {}
+
+
+def write_card(path: str, kind: str, report: dict, model) -> None:
+    cfg = model.config
+    s = _summary(path)
+    r = report[kind]
+    params = sum(p.numel() for p in model.parameters())
+    hours = s.get("train_seconds", 0) / 3600
+    lines = [
+        "---",
+        "license: apache-2.0",
+        "library_name: transformers",
+        "pipeline_tag: text-generation",
+        "tags: [code, python, speculative-decoding, leapdecode]",
+        "---",
+        "",
+        f"# leap-code-{kind}",
+        "",
+        (
+            "The target code model of leapdecode: a small Llama-architecture causal LM trained "
+            "from scratch on the Python standard library."
+            if kind == "target"
+            else "The draft model of leapdecode: a tiny Llama-architecture LM distilled from "
+            "`leap-code-target` (forward KL to the target's next-token distribution, mixed with "
+            "cross-entropy) for speculative decoding. Same tokenizer as the target."
+        ),
+        "",
+        "## Model",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| parameters | {params:,} ({params / 1e6:.1f} M) |",
+        f"| layers / hidden / heads / kv heads | {cfg.num_hidden_layers} / {cfg.hidden_size} / "
+        f"{cfg.num_attention_heads} / {cfg.num_key_value_heads} |",
+        f"| MLP width | {cfg.intermediate_size} |",
+        f"| context | {cfg.max_position_embeddings} tokens |",
+        f"| vocabulary | {cfg.vocab_size} (byte-level BPE, `<|endoftext|>` between files) |",
+        f"| embeddings | {'tied' if cfg.tie_word_embeddings else 'untied'} |",
+        f"| weights | {s.get('save_dtype', 'bfloat16')} safetensors |",
+        "",
+        "## Training",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| corpus | `.py` files of the Python {'.'.join(map(str, __import__('sys').version_info[:2]))} "
+        f"standard library; manifest sha256 `{report['corpus_manifest_sha256'][:16]}...` "
+        "(`corpus_manifest.json`) |",
+        f"| steps | {s.get('steps', '?')} |",
+        f"| tokens seen | {s.get('tokens_seen', 0):,} |",
+        f"| training time | {hours:.2f} h on 2 CPU cores (bf16 autocast) |",
+        f"| final training loss | {s.get('final_train_loss') or float('nan'):.3f} nats/token"
+        + (" (distillation objective: KL to the target + CE share) |" if kind == "draft" else " |"),
+    ]
+    if kind == "draft":
+        lines.append(
+            f"| teacher | `{os.path.basename(str(s.get('teacher', 'leap-code-target')))}` |"
+        )
+    lines += [
+        "",
+        "## Evaluation (held-out standard-library files)",
+        "",
+        f"{report['validation_files']} files, {report['validation_bytes']:,} bytes, "
+        f"{report['validation_tokens']:,} tokens; each file scored on its own.",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        f"| validation loss | {r['validation_loss_nats_per_token']:.3f} nats/token |",
+        f"| bits per byte | {r['bits_per_byte']:.3f} |",
+        f"| `xz -9e`, file by file | {report['xz_9e_bits_per_byte']:.3f} bits per byte |",
+        f"| model / xz | {r['bits_per_byte_vs_xz']:.3f} |",
+        f"| decode, one token (native backend, fp32, CPU) | {r['decode_ms_per_token']:.2f} ms |",
+    ]
+    if kind == "draft":
+        lines += [
+            f"| greedy agreement with the target | {r['greedy_agreement']:.3f} |",
+            f"| mean accepted tokens per target forward, k = 4 | {r['mean_accepted_tokens_k4']:.2f} "
+            f"({r['acceptance_prompts']} validation prompts, {r['acceptance_new_tokens']} new tokens, greedy) |",
+            f"| acceptance rate, k = 4 | {r['acceptance_rate_k4']:.3f} |",
+            f"| decode cost / target's | {r['decode_cost_vs_target']:.3f} |",
+        ]
+    lines += [
+        "",
+        "Measured by `leapdecode train evaluate --target models/leap-code-target "
+        "--draft models/leap-code-draft` (figures also in `evaluation.json`).",
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        f'model = AutoModelForCausalLM.from_pretrained("models/leap-code-{kind}")',
+        "```",
+        "",
+        'or with leapdecode: `leapdecode generate --method draft "def parse(line):"`.',
+        "",
+    ]
+    with open(os.path.join(path, "README.md"), "w") as f:
+        f.write("\n".join(lines))

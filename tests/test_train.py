@@ -1,0 +1,103 @@
+"""Tiny end-to-end training (tokenizer -> target -> draft -> load -> generate), and resume."""
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from leapdecode.cli import main
+from leapdecode.train import corpus, loop
+
+FILES = ["textwrap.py", "shlex.py", "fnmatch.py", "glob.py", "bisect.py", "heapq.py",
+         "colorsys.py", "keyword.py", "cmd.py", "copy.py"]  # fmt: skip
+TINY = ["--hidden", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1",
+        "--intermediate", "64", "--context", "64", "--batch", "2", "--threads", "1"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    for name in FILES:
+        shutil.copy(os.path.join(corpus.stdlib_dir(), name), d / name)
+    files = corpus.scan(str(d), val_percent=30)
+    assert {f.split for f in files} == {"train", "validation"}
+    return str(d)
+
+
+def test_tokenizer_target_draft_end_to_end(tmp_path, data_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from leapdecode import LeapDecoder
+
+    tok, tgt, dr = (str(tmp_path / n) for n in ("tok", "target", "draft"))
+    common = ["--data", data_dir, "--val-percent", "30"]
+    assert main(["train", "tokenizer", *common, "--vocab-size", "300", "--out", tok]) == 0
+    assert main(["train", "target", *common, "--tokenizer", tok, "--out", tgt,
+                 "--run-dir", str(tmp_path / "run_t"), "--steps", "8", "--eval-every", "4", *TINY]) == 0  # fmt: skip
+    assert main(["train", "draft", *common, "--target", tgt, "--out", dr,
+                 "--run-dir", str(tmp_path / "run_d"), "--steps", "4", "--eval-every", "2", *TINY]) == 0  # fmt: skip
+
+    for path in (tgt, dr):
+        for name in ("config.json", "model.safetensors", "generation_config.json",
+                     "tokenizer.json", "corpus_manifest.json", "training_summary.json"):  # fmt: skip
+            assert os.path.isfile(os.path.join(path, name)), name
+    manifest = json.load(open(os.path.join(tgt, "corpus_manifest.json")))
+    assert manifest["n_validation"] >= 1 and len(manifest["sha256"]) == 64
+
+    hf = AutoModelForCausalLM.from_pretrained(tgt, dtype=torch.float32).eval()
+    hf_tok = AutoTokenizer.from_pretrained(tgt)
+    assert AutoModelForCausalLM.from_pretrained(dr).config.vocab_size == hf.config.vocab_size
+    dec = LeapDecoder.from_pretrained(tgt, draft=dr)
+    ids = hf_tok.encode("def wrap(text):")
+    out = dec.generate(ids, method="draft", k=3, max_new_tokens=12)
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
+                          attention_mask=torch.ones(1, len(ids), dtype=torch.long))  # fmt: skip
+    assert out.token_ids == ref[0, len(ids) :].tolist()
+
+    assert main(["train", "evaluate", "--data", data_dir, "--target", tgt, "--draft", dr,
+                 "--prompts", "1"]) == 0  # fmt: skip
+    report = json.load(open(os.path.join(dr, "evaluation.json")))
+    assert 0 <= report["draft"]["greedy_agreement"] <= 1
+    assert report["target"]["bits_per_byte"] > 0 and report["xz_9e_bits_per_byte"] > 0
+    card = open(os.path.join(tgt, "README.md")).read()
+    assert "bits per byte" in card and manifest["sha256"][:16] in card
+
+
+def test_killed_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokens = torch.randint(0, 50, (5000,), generator=torch.Generator().manual_seed(0)).numpy()
+    cfg = loop.TrainConfig(steps=6, batch=2, context=16, lr=1e-2, warmup=1, eval_every=3,
+                           eval_batches=1, checkpoint_every=2, bf16=False)  # fmt: skip
+
+    def model():
+        torch.manual_seed(0)
+        return LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32,
+                                            num_hidden_layers=1, num_attention_heads=2))  # fmt: skip
+
+    straight = model()
+    loop.train(straight, tokens, tokens, cfg, str(tmp_path / "straight"), "straight")
+
+    real_batch_at = loop.batch_at
+
+    def dies_at_step_5(toks, step, *a, **kw):
+        if step == 5:
+            raise KeyboardInterrupt  # the run is killed during step 5
+        return real_batch_at(toks, step, *a, **kw)
+
+    monkeypatch.setattr(loop, "batch_at", dies_at_step_5)
+    killed = model()
+    with pytest.raises(KeyboardInterrupt):
+        loop.train(killed, tokens, tokens, cfg, str(tmp_path / "killed"), "killed")
+    state = torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=False)
+    assert state["step"] == 4  # the last checkpoint before the kill
+
+    monkeypatch.setattr(loop, "batch_at", real_batch_at)
+    resumed = model()  # a fresh process: new weights, then the checkpoint is loaded
+    summary = loop.train(resumed, tokens, tokens, cfg, str(tmp_path / "killed"), "resumed")
+    assert summary["steps"] == 6
+    for a, b in zip(straight.state_dict().values(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
