@@ -101,21 +101,25 @@ class Engine:
 
     def _verify(self, seqs, logits, drafts: Drafts) -> tuple[list[int], list[int]]:
         """Apply the acceptance rule (verify.py) row by row: greedy rows together."""
+        dev = logits.device
+        tokens, counts = drafts.tokens.to(dev), drafts.counts.to(dev)
+        probs = None if drafts.probs is None else drafts.probs.to(dev)
         n_acc = [0] * len(seqs)
         nxt = [0] * len(seqs)
         greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
         if greedy:
-            idx = torch.tensor(greedy)
-            a, t = greedy_accept(logits[idx], drafts.tokens[idx], drafts.counts[idx])
+            idx = torch.tensor(greedy, device=dev)
+            a, t = greedy_accept(logits[idx], tokens[idx], counts[idx])
+            a, t = a.tolist(), t.tolist()
             for j, i in enumerate(greedy):
-                n_acc[i], nxt[i] = int(a[j]), int(t[j])
+                n_acc[i], nxt[i] = a[j], t[j]
         for i, s in enumerate(seqs):
             if s.params.greedy:
                 continue
             n = int(drafts.counts[i])
             p = process_logits(logits[i, : n + 1], s.params)[None]  # [1, n+1, V]
-            q = None if drafts.probs is None else drafts.probs[i : i + 1, :n]
+            q = None if probs is None else probs[i : i + 1, :n]
             u = torch.rand(1, n + 1, generator=s.generator)
-            a, t = rejection_accept(p, q, drafts.tokens[i : i + 1, :n], drafts.counts[i : i + 1], u)
+            a, t = rejection_accept(p, q, tokens[i : i + 1, :n], counts[i : i + 1], u)
             n_acc[i], nxt[i] = int(a[0]), int(t[0])
         return n_acc, nxt

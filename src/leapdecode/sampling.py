@@ -74,7 +74,7 @@ def sample_from(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     its own seeded generator while the arithmetic stays vectorised.
     """
     cdf = probs.cumsum(-1)  # [B, V]
-    target = uniform * cdf[:, -1]  # [B]
+    target = uniform.to(probs.device) * cdf[:, -1]  # [B]
     idx = torch.searchsorted(cdf, target[:, None], right=True)[:, 0]  # [B]
     # Never land on a zero-probability token through rounding at the top end.
     idx = idx.clamp(max=probs.shape[-1] - 1)

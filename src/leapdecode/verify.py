@@ -44,6 +44,7 @@ def rejection_accept(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (n_accepted [B], next_token [B])."""
     batch, k = drafts.shape
+    uniforms = uniforms.to(p.device)
     rows = torch.arange(batch, device=p.device)
     if k == 0:
         return torch.zeros(batch, dtype=torch.long, device=p.device), sample_from(

@@ -72,7 +72,7 @@ class DraftModelProposer(Proposer):
             return logits.argmax(-1), None
         q = torch.stack([process_logits(logits[i], s.params) for i, s in enumerate(seqs)])
         u = torch.stack([torch.rand((), generator=s.generator) for s in seqs])
-        return sample_from(q, u), q
+        return sample_from(q, u), q  # [B] and [B, V], on the model's device
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Drafts:
         rows = [i for i, k in enumerate(ks) if k > 0]
@@ -90,18 +90,18 @@ class DraftModelProposer(Proposer):
             tokens.append(tok)
             probs.append(q)
             if step < k - 1:
-                logits = self._forward(active, tok[:, None])
+                logits = self._forward(active, tok[:, None].cpu())
         for s in active:
             self.fed_drafts[s.id] = k - 1  # drafts now in the draft cache after seq.tokens
 
         out = torch.zeros(len(seqs), k, dtype=torch.long)
-        out[rows] = torch.stack(tokens, dim=1)
+        out[rows] = torch.stack(tokens, dim=1).cpu()  # draft tokens travel on the CPU
         counts = torch.zeros(len(seqs), dtype=torch.long)
         counts[rows] = torch.tensor([min(ks[i], k) for i in rows])
         q_all = None
         if probs[0] is not None:
-            q_all = torch.zeros(len(seqs), k, self.vocab)
-            q_all[rows] = torch.stack(probs, dim=1)
+            q_all = torch.zeros(len(seqs), k, self.vocab, device=probs[0].device)
+            q_all[torch.tensor(rows, device=q_all.device)] = torch.stack(probs, dim=1)
         return Drafts(out, counts, q_all)
 
     def accepted(self, seqs: list[Sequence], n_accepted: list[int]) -> None:
