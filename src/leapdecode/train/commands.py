@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+from dataclasses import asdict
 
 import torch
 
@@ -152,47 +152,41 @@ def cmd_tokenizer(args) -> int:
     return 0
 
 
-def cmd_target(args) -> int:
+def _fit(args, tokenizer, kind: str, teacher=None) -> int:
+    """Build a fresh Llama from the flags, train it (resumably) and save it to --out."""
     from transformers import LlamaForCausalLM
 
     cfg = _train_config(args)
-    tokenizer = _load_tokenizer(args.tokenizer)
     root, files = _corpus(args)
     run_dir = args.run_dir or os.path.join(RUNS, os.path.basename(os.path.abspath(args.out)))
     train_tokens = load_or_encode(tokenizer, root, files, "train", run_dir)
     val_tokens = load_or_encode(tokenizer, root, files, "validation", run_dir)
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM(_llama_config(args, tokenizer))
-    print(f"target: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
-          f"{len(train_tokens) / 1e6:.2f}M training tokens, run folder {run_dir}")  # fmt: skip
-    summary = train(model, train_tokens, val_tokens, cfg, run_dir, "target")
-    _save(model, tokenizer, args, root, files, summary, "target")
-    print(
-        f"target saved to {args.out}; measure it with `leapdecode train evaluate --target {args.out}`"
-    )
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{kind}: {n_params / 1e6:.2f}M parameters, {len(train_tokens) / 1e6:.2f}M training "
+          f"tokens, run folder {run_dir}")  # fmt: skip
+    summary = train(model, train_tokens, val_tokens, cfg, run_dir, kind, teacher=teacher)
+    summary["config"] = asdict(cfg)
+    if teacher is not None:
+        summary["teacher"] = args.target
+    _save(model, tokenizer, args, root, files, summary, kind)
+    print(f"{kind} saved to {args.out}; measure it with `leapdecode train evaluate`")
     return 0
 
 
-def cmd_draft(args) -> int:
-    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+def cmd_target(args) -> int:
+    return _fit(args, _load_tokenizer(args.tokenizer), "target")
 
-    cfg = _train_config(args)
+
+def cmd_draft(args) -> int:
+    from transformers import AutoModelForCausalLM
+
     tokenizer = _load_tokenizer(args.target)
     teacher = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
-    root, files = _corpus(args)
-    run_dir = args.run_dir or os.path.join(RUNS, os.path.basename(os.path.abspath(args.out)))
-    train_tokens = load_or_encode(tokenizer, root, files, "train", run_dir)
-    val_tokens = load_or_encode(tokenizer, root, files, "validation", run_dir)
-    torch.manual_seed(cfg.seed)
-    model = LlamaForCausalLM(_llama_config(args, tokenizer))
-    print(f"draft: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
-          f"distilled from {args.target}")  # fmt: skip
-    summary = train(model, train_tokens, val_tokens, cfg, run_dir, "draft", teacher=teacher)
-    _save(model, tokenizer, args, root, files, {**summary, "teacher": args.target}, "draft")
-    print(f"draft saved to {args.out}")
-    return 0
+    return _fit(args, tokenizer, "draft", teacher=teacher)
 
 
 def cmd_evaluate(args) -> int:
@@ -205,7 +199,3 @@ def cmd_evaluate(args) -> int:
 def cmd_train(args) -> int:
     return {"tokenizer": cmd_tokenizer, "target": cmd_target, "draft": cmd_draft,
             "evaluate": cmd_evaluate}[args.what](args)  # fmt: skip
-
-
-def clean_run(run_dir: str) -> None:
-    shutil.rmtree(run_dir, ignore_errors=True)
