@@ -18,17 +18,8 @@ import torch
 from .models.base import CausalLM
 from .proposers.base import Drafts, Proposer
 from .sampling import process_logits
-from .sequence import Sequence
+from .sequence import Sequence, pad_right
 from .verify import greedy_accept, rejection_accept
-
-
-def _pad(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad token lists: tokens [B, T] and the index of each row's last token [B]."""
-    width = max(len(r) for r in rows)
-    tokens = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    return tokens, torch.tensor([len(r) - 1 for r in rows], dtype=torch.long)
 
 
 class Engine:
@@ -68,10 +59,10 @@ class Engine:
             self.proposer.finish(done)
 
     def _prefill(self, seqs: list[Sequence]) -> list[int]:
-        tokens, last = _pad([s.tokens for s in seqs])
+        tokens, lengths = pad_right([s.tokens for s in seqs])
         slots = torch.tensor([s.slot for s in seqs], dtype=torch.long)
-        logits = self.target.forward(tokens, slots, logits_at=last)  # [B, 1, V]
-        self.target.truncate(slots, last + 1)
+        logits = self.target.forward(tokens, slots, logits_at=lengths - 1)  # [B, 1, V]
+        self.target.truncate(slots, lengths)
         for s in seqs:
             s.stats.target_forwards += 1
         empty = Drafts.empty(len(seqs))

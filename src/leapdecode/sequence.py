@@ -10,6 +10,15 @@ from .metrics import RequestStats
 from .sampling import SamplingParams
 
 
+def pad_right(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> tokens [B, T] right-padded with 0, and each row's length [B]."""
+    width = max((len(r) for r in rows), default=0)
+    tokens = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return tokens, torch.tensor([len(r) for r in rows], dtype=torch.long)
+
+
 @dataclass
 class Sequence:
     id: int

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sequence import Sequence
+from ..sequence import Sequence, pad_right
 
 
 @dataclass
@@ -23,12 +23,7 @@ class Drafts:
     @staticmethod
     def from_lists(rows: list[list[int]]) -> Drafts:
         """Deterministic drafts (one-hot q) from per-sequence token lists."""
-        width = max((len(r) for r in rows), default=0)
-        tokens = torch.zeros(len(rows), width, dtype=torch.long)
-        for i, r in enumerate(rows):
-            tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        counts = torch.tensor([len(r) for r in rows], dtype=torch.long)
-        return Drafts(tokens, counts)
+        return Drafts(*pad_right(rows))
 
 
 class Proposer(ABC):

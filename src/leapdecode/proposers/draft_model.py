@@ -12,7 +12,7 @@ import torch
 
 from ..models.base import CausalLM
 from ..sampling import process_logits, sample_from
-from ..sequence import Sequence
+from ..sequence import Sequence, pad_right
 from .base import Drafts, Proposer
 
 
@@ -52,15 +52,11 @@ class DraftModelProposer(Proposer):
     def _catch_up(self, seqs, upto: list[int]) -> torch.Tensor:
         """Feed seq.tokens[fed:upto] for each sequence in one right-padded forward."""
         pending = [s.tokens[self.fed[s.id] : n] for s, n in zip(seqs, upto, strict=True)]
-        width = max(len(p) for p in pending)
-        tokens = torch.zeros(len(seqs), width, dtype=torch.long)
-        for i, p in enumerate(pending):
-            tokens[i, : len(p)] = torch.tensor(p, dtype=torch.long)
-        last = torch.tensor([len(p) - 1 for p in pending], dtype=torch.long)
+        tokens, lengths = pad_right(pending)
         slots = self._slots(seqs)
         start = self.model.lengths(slots)
-        logits = self._forward(seqs, tokens, logits_at=last)  # [B, V]
-        self.model.truncate(slots, start + torch.tensor([len(p) for p in pending]))
+        logits = self._forward(seqs, tokens, logits_at=lengths - 1)  # [B, V]
+        self.model.truncate(slots, start + lengths)
         for s, n in zip(seqs, upto, strict=True):
             self.fed[s.id] = n
         return logits
