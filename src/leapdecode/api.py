@@ -177,10 +177,10 @@ class LeapDecoder:
         return GenerationResult(text, s.output, s.finish_reason or "length", s.stats)
 
     # --------------------------------------------------------------------- API
-    def generate_batch(
+    def _start(
         self,
         prompts: list[str | list[int]],
-        method: str = "ngram",
+        method: str = "none",
         k: int = 4,
         max_new_tokens: int = 128,
         temperature: float = 0.0,
@@ -191,69 +191,55 @@ class LeapDecoder:
         stop_token_ids: list[int] | None = None,
         ngram_min: int = 2,
         ngram_max: int = 4,
-    ) -> list[GenerationResult]:
-        """Generate for several prompts in one batch; one result per prompt, in order."""
+    ):
+        """Validate the options, build the sequences and the step iterator.
+
+        method: none | draft | ngram; k: draft tokens per step (0..64); temperature 0 is
+        greedy; stop: strings that end generation (cut from the text); stop_token_ids: token
+        ids that end it besides EOS. A seeded batch gives row i the seed `seed + i`.
+        """
         if not prompts:
             raise LeapDecodeError("no prompts given")
-        engine, k, params = self._prepare(
-            method, k, temperature, top_p, top_k, seed, ngram_min, ngram_max
-        )
-        seqs = self._sequences(prompts, max_new_tokens, params, stop, stop_token_ids)
-        for _ in engine.run(seqs, k):
-            pass
-        return [self._result(s) for s in seqs]
-
-    def generate(self, prompt: str | list[int], **kwargs) -> GenerationResult:
-        """Generate for one prompt (text or token ids). Keyword arguments as `generate_batch`."""
-        return self.generate_batch([prompt], **kwargs)[0]
-
-    def stream(self, prompt: str | list[int], **kwargs) -> Iterator[str]:
-        """Yield text pieces as tokens are accepted; their concatenation is `generate().text`."""
-        if not isinstance(prompt, (str, list, tuple)):
-            raise LeapDecodeError("the prompt must be text or a list of token ids")
-        method = kwargs.pop("method", "ngram")
-        k = kwargs.pop("k", 4)
-        sampling = {
-            n: kwargs.pop(n) for n in ("temperature", "top_p", "top_k", "seed") if n in kwargs
-        }
-        ngram = {n: kwargs.pop(n) for n in ("ngram_min", "ngram_max") if n in kwargs}
-        engine, k, params = self._prepare(method, k, **sampling, **ngram)
-        seqs = self._sequences(
-            [prompt],
-            kwargs.pop("max_new_tokens", 128),
-            params,
-            kwargs.pop("stop", None),
-            kwargs.pop("stop_token_ids", None),
-        )
-        if kwargs:
-            raise LeapDecodeError(f"unknown argument {next(iter(kwargs))!r}")
-        sent = ""
-        hold = max((len(x) for x in seqs[0].stop_strings), default=0)
-        for _ in engine.run(seqs, k):
-            s = seqs[0]
-            if s.finished:
-                break
-            text = self.decode(s.output)
-            # Hold back an incomplete UTF-8 character and anything that may start a stop string.
-            ready = text[: len(text) - hold] if hold else text
-            ready = ready.rstrip("\ufffd")
-            if len(ready) > len(sent) and ready.startswith(sent):
-                yield ready[len(sent) :]
-                sent = ready
-        final = self._result(seqs[0]).text
-        if final.startswith(sent) and len(final) > len(sent):
-            yield final[len(sent) :]
-
-    def _prepare(
-        self, method, k, temperature=0.0, top_p=1.0, top_k=0, seed=None, ngram_min=2, ngram_max=4
-    ):
         if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_K:
             raise LeapDecodeError(f"k must be an integer in 0..{MAX_K}, got {k!r}")
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         proposer = self.make_proposer(method, ngram_min, ngram_max)
-        if method == "none":
-            k = 0
-        return Engine(self.target, proposer), k, params
+        seqs = self._sequences(prompts, max_new_tokens, params, stop, stop_token_ids)
+        steps = Engine(self.target, proposer).run(seqs, 0 if method == "none" else k)
+        return seqs, steps
+
+    def generate_batch(self, prompts: list[str | list[int]], **kwargs) -> list[GenerationResult]:
+        """Generate for several prompts in one batch; one result per prompt, in order."""
+        seqs, steps = self._start(prompts, **kwargs)
+        for _ in steps:
+            pass
+        return [self._result(s) for s in seqs]
+
+    def generate(self, prompt: str | list[int], **kwargs) -> GenerationResult:
+        """Generate for one prompt (text or token ids).
+
+        Options: method (none | draft | ngram), k, max_new_tokens, temperature, top_p, top_k,
+        seed, stop, stop_token_ids, ngram_min, ngram_max; see the README.
+        """
+        return self.generate_batch([prompt], **kwargs)[0]
+
+    def stream(self, prompt: str | list[int], **kwargs) -> Iterator[str]:
+        """Yield text pieces as tokens are accepted; they join to `generate(...).text`."""
+        [seq], steps = self._start([prompt], **kwargs)
+        sent = ""
+        # Hold back anything that may still become a stop string, and a partial character.
+        hold = max((len(x) for x in seq.stop_strings), default=0)
+        for _ in steps:
+            if seq.finished:
+                break
+            text = self.decode(seq.output)
+            ready = (text[: len(text) - hold] if hold else text).rstrip("\ufffd")
+            if len(ready) > len(sent) and ready.startswith(sent):
+                yield ready[len(sent) :]
+                sent = ready
+        final = self._result(seq).text
+        if len(final) > len(sent) and final.startswith(sent):
+            yield final[len(sent) :]
 
 
 def _check_same_vocab(target: str, target_tok, draft: str) -> None:
