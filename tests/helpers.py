@@ -15,6 +15,7 @@ from transformers import (
 )
 
 VOCAB = 384
+TIE = 1e-4  # top-2 logit margin below which a greedy divergence is a numerical tie
 EOS = "<|endoftext|>"
 
 
@@ -71,3 +72,24 @@ def make_noisy_copy(
     if tokenizer_dir:
         PreTrainedTokenizerFast.from_pretrained(tokenizer_dir).save_pretrained(path)
     return draft
+
+
+def top2_margin(hf_target, tokens: list[int]) -> float:
+    with torch.no_grad():
+        logits = hf_target(torch.tensor([tokens])).logits[0, -1]
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
+def assert_lossless(prompts, outputs, reference, hf_target):
+    ties = 0
+    for p, got, want in zip(prompts, outputs, reference, strict=True):
+        if got == want:
+            continue
+        i = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+        if i is None:  # one stopped earlier than the other: a divergence in length
+            raise AssertionError(f"length differs: {len(got)} vs {len(want)} for prompt {p[:8]}")
+        margin = top2_margin(hf_target, p + want[:i])
+        assert margin < TIE, f"non-tie divergence at {i} (top-2 margin {margin:.2e})"
+        ties += 1
+    assert ties <= 2, f"{ties} tie divergences: suspiciously many"

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import helpers
+from helpers import assert_lossless
 
-TIE = 1e-4
 N_PROMPTS = 50
 MAX_NEW = 32
 
@@ -39,27 +39,6 @@ def reference(prompts, hf_target):
             )  # fmt: skip
         refs.append(out[0, len(p) :].tolist())
     return refs
-
-
-def top2_margin(hf_target, tokens: list[int]) -> float:
-    with torch.no_grad():
-        logits = hf_target(torch.tensor([tokens])).logits[0, -1]
-    top = torch.topk(logits, 2).values
-    return float(top[0] - top[1])
-
-
-def assert_lossless(prompts, outputs, reference, hf_target):
-    ties = 0
-    for p, got, want in zip(prompts, outputs, reference, strict=True):
-        if got == want:
-            continue
-        i = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
-        if i is None:  # one stopped earlier than the other: a divergence in length
-            raise AssertionError(f"length differs: {len(got)} vs {len(want)} for prompt {p[:8]}")
-        margin = top2_margin(hf_target, p + want[:i])
-        assert margin < TIE, f"non-tie divergence at {i} (top-2 margin {margin:.2e})"
-        ties += 1
-    assert ties <= 2, f"{ties} tie divergences: suspiciously many"
 
 
 @pytest.mark.parametrize("method", ["none", "draft", "ngram"])
