@@ -29,12 +29,12 @@ def add_parsers(sub) -> None:
     _data_args(tgt)
     tgt.add_argument("--tokenizer", required=True, help="folder from `train tokenizer`")
     _model_args(tgt, hidden=512, layers=6, heads=8, kv_heads=4, intermediate=1376)
-    _loop_args(tgt, steps=800, batch=8, lr=2e-3)
+    _loop_args(tgt, steps=520, batch=8, lr=1.5e-3)
 
     dr = what.add_parser("draft", help="a small LM distilled from the target (forward KL)")
     _data_args(dr)
     dr.add_argument("--target", required=True, help="trained target folder (teacher)")
-    _model_args(dr, hidden=192, layers=2, heads=3, kv_heads=3, intermediate=512)
+    _model_args(dr, hidden=256, layers=2, heads=4, kv_heads=4, intermediate=688)
     _loop_args(dr, steps=300, batch=8, lr=3e-3)
     dr.add_argument("--ce-weight", type=float, default=0.1, help="share of plain cross-entropy")
 

@@ -189,6 +189,20 @@ def evaluate_and_write_cards(args) -> dict:
     return report
 
 
+def _targets(kind: str, report: dict) -> list[tuple[str, str, bool]]:
+    """The embedded pair's acceptance criteria, checked against the measurements."""
+    r = report[kind]
+    if kind == "target":
+        ratio = r["bits_per_byte_vs_xz"]
+        return [("bits per byte <= 0.62 x xz -9e", f"{ratio:.3f} x", ratio <= 0.62)]
+    cost = r["decode_cost_vs_target"]
+    agree = r["greedy_agreement"]
+    return [
+        ("greedy agreement with the target >= 0.60", f"{agree:.3f}", agree >= 0.60),
+        ("decode step <= 1/8 of the target's", f"{cost:.3f}", cost <= 0.125),
+    ]
+
+
 def _summary(path: str) -> dict:
     p = os.path.join(path, "training_summary.json")
     return json.load(open(p)) if os.path.isfile(p) else {}
@@ -197,6 +211,7 @@ def _summary(path: str) -> dict:
 def write_card(path: str, kind: str, report: dict, model) -> None:
     cfg = model.config
     s = _summary(path)
+    c = s.get("config", {})
     r = report[kind]
     params = sum(p.numel() for p in model.parameters())
     hours = s.get("train_seconds", 0) / 3600
@@ -239,7 +254,8 @@ def write_card(path: str, kind: str, report: dict, model) -> None:
         f"| corpus | `.py` files of the Python {'.'.join(map(str, __import__('sys').version_info[:2]))} "
         f"standard library; manifest sha256 `{report['corpus_manifest_sha256'][:16]}...` "
         "(`corpus_manifest.json`) |",
-        f"| steps | {s.get('steps', '?')} |",
+        f"| steps | {s.get('steps', '?')} (batch {c.get('batch', '?')} x {c.get('context', '?')} tokens, "
+        f"AdamW, peak lr {c.get('lr', '?')}, cosine decay) |",
         f"| tokens seen | {s.get('tokens_seen', 0):,} |",
         f"| training time | {hours:.2f} h on 2 CPU cores (bf16 autocast) |",
         f"| final training loss | {s.get('final_train_loss') or float('nan'):.3f} nats/token"
@@ -272,6 +288,9 @@ def write_card(path: str, kind: str, report: dict, model) -> None:
             f"| acceptance rate, k = 4 | {r['acceptance_rate_k4']:.3f} |",
             f"| decode cost / target's | {r['decode_cost_vs_target']:.3f} |",
         ]
+    lines += ["", "## Project targets", "", "| target | measured | met |", "|---|---|---|"]
+    for goal, value, ok in _targets(kind, report):
+        lines.append(f"| {goal} | {value} | {'yes' if ok else 'no'} |")
     lines += [
         "",
         "Measured by `leapdecode train evaluate --target models/leap-code-target "

@@ -23,10 +23,10 @@ from .data import batch_at
 
 @dataclass
 class TrainConfig:
-    steps: int = 800
+    steps: int = 520
     batch: int = 8
     context: int = 1024
-    lr: float = 2e-3
+    lr: float = 1.5e-3
     min_lr_ratio: float = 0.1
     warmup: int = 50
     weight_decay: float = 0.1
