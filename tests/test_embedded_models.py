@@ -51,3 +51,15 @@ def test_native_greedy_equals_transformers(hf_pair, decoder):
         for method in ("none", "draft", "ngram"):
             got = decoder.generate(ids, method=method, k=4, max_new_tokens=32).token_ids
             assert got == want, (prompt, method)
+
+
+def test_cli_defaults_to_the_embedded_pair(capsys):
+    import json
+
+    from leapdecode.cli import main
+
+    code = main(["generate", "--method", "draft", "--max-new-tokens", "6", "--json", "def f(x):"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    obj = json.loads(out)
+    assert len(obj["token_ids"]) <= 6 and obj["stats"]["draft_forwards"] > 0
