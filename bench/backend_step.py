@@ -6,7 +6,7 @@ rolled back afterwards, so every repetition sees the same state. The backends ar
 interleaved within each repetition; the figures are medians, and the ratio is
 native / transformers from the same run.
 
-    python bench/backend_step.py [--reps 200] [--out docs/backend_step.md]
+    python bench/backend_step.py [--reps 1000] [--out docs/backend_step.md]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def time_step(model, tokens: torch.Tensor, slot: torch.Tensor) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=1000)
     ap.add_argument("--out", default="docs/backend_step.md")
     args = ap.parse_args()
 

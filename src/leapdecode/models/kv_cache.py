@@ -30,7 +30,16 @@ class KVCache:
         write_pos: torch.Tensor,  # [B, T] absolute cache positions
         k: torch.Tensor,  # [B, T, H_kv, D]
         v: torch.Tensor,  # [B, T, H_kv, D]
+        block: tuple[int, int] | None = None,
     ) -> None:
+        """`block` = (first slot, first position) when the slots are consecutive and every row
+        starts at the same position: the write is then a plain slice copy."""
+        if block is not None:
+            s, p = block
+            n, t = k.shape[0], k.shape[1]
+            self.k[layer][s : s + n, :, p : p + t] = k.transpose(1, 2)
+            self.v[layer][s : s + n, :, p : p + t] = v.transpose(1, 2)
+            return
         rows = slots[:, None]  # [B, 1]
         self.k[layer][rows, :, write_pos] = k
         self.v[layer][rows, :, write_pos] = v

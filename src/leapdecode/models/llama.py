@@ -113,6 +113,7 @@ class NativeLlama(CausalLM):
         except NotImplementedError as e:
             raise NativeUnsupported(str(e)) from e
         self.cos, self.sin = cos.to(device), sin.to(device)
+        self.windows = {layer.window for layer in self.layers}
         self.cache: KVCache | None = None
 
     # ----------------------------------------------------------------- weights
@@ -198,9 +199,11 @@ class NativeLlama(CausalLM):
     # ----------------------------------------------------------------- forward
     def _masks(self, start, n_new, span, tree_mask, query_pos) -> dict:
         """Boolean attention masks [B, 1, T, span] (True = attend), one per window size."""
-        windows = {layer.window for layer in self.layers}
+        windows = self.windows
         batch = start.shape[0]
-        simple = tree_mask is None and n_new == 1 and bool((start == start[0]).all())
+        simple = (
+            tree_mask is None and n_new == 1 and (batch == 1 or bool((start == start[0]).all()))
+        )
         key = torch.arange(span)  # [S]
         masks = {}
         for window in windows:
@@ -241,6 +244,9 @@ class NativeLlama(CausalLM):
         masks = self._masks(start, n_new, span, tree_mask, positions)
         first = int(slots_cpu[0])
         contiguous = first if torch.equal(slots_cpu, torch.arange(first, first + batch)) else None
+        p0 = int(start[0])
+        same_start = batch == 1 or bool((start == p0).all())
+        block = (contiguous, p0) if contiguous is not None and same_start else None
         dev_slots = slots.to(self.device)
         write_pos = write_pos.to(self.device)
         positions = positions.to(self.device)
@@ -259,7 +265,7 @@ class NativeLlama(CausalLM):
                 qk = F.rms_norm(qk.float(), (d,), None, self.eps).to(self.dtype) * layer.qk_norm
             qk = apply_rope(qk, cos, sin)
             q, k = qk[:, :, :h], qk[:, :, h:]
-            cache.write(i, dev_slots, write_pos, k, v)
+            cache.write(i, dev_slots, write_pos, k, v, block)
             keys, values = cache.read(i, dev_slots, span, contiguous)  # [B, H_kv, S, D]
             o = F.scaled_dot_product_attention(
                 q.transpose(1, 2), keys, values, attn_mask=masks[layer.window], enable_gqa=h != h_kv
