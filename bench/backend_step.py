@@ -85,7 +85,8 @@ def main() -> None:
         f"| {r['step']} | {r['native_ms']:.3f} | {r['transformers_ms']:.3f} | {r['ratio']:.2f} |"
         for r in rows
     ]
-    lines += ["", "Produced by `python bench/backend_step.py`."]
+    png = os.path.splitext(os.path.basename(args.out))[0] + ".png"
+    lines += ["", f"![step times]({png})", "", "Produced by `python bench/backend_step.py`."]
     table = "\n".join(lines)
     print(table)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
