@@ -197,13 +197,11 @@ class NativeLlama(CausalLM):
         self.cache.lens[slots.cpu()] = new_lengths.cpu()
 
     # ----------------------------------------------------------------- forward
-    def _masks(self, start, n_new, span, tree_mask, query_pos) -> dict:
+    def _masks(self, start, n_new, span, tree_mask, query_pos, same_start: bool) -> dict:
         """Boolean attention masks [B, 1, T, span] (True = attend), one per window size."""
         windows = self.windows
         batch = start.shape[0]
-        simple = (
-            tree_mask is None and n_new == 1 and (batch == 1 or bool((start == start[0]).all()))
-        )
+        simple = tree_mask is None and n_new == 1 and same_start
         key = torch.arange(span)  # [S]
         masks = {}
         for window in windows:
@@ -241,11 +239,11 @@ class NativeLlama(CausalLM):
         offsets = torch.arange(n_new)[None] if position_offsets is None else position_offsets.cpu()
         # Rotary positions; right-padding past the context reuses the last table row.
         positions = (start[:, None] + offsets).clamp(max=self.max_context - 1)  # [B, T]
-        masks = self._masks(start, n_new, span, tree_mask, positions)
-        first = int(slots_cpu[0])
-        contiguous = first if torch.equal(slots_cpu, torch.arange(first, first + batch)) else None
         p0 = int(start[0])
         same_start = batch == 1 or bool((start == p0).all())
+        masks = self._masks(start, n_new, span, tree_mask, positions, same_start)
+        first = int(slots_cpu[0])
+        contiguous = first if torch.equal(slots_cpu, torch.arange(first, first + batch)) else None
         block = (contiguous, p0) if contiguous is not None and same_start else None
         dev_slots = slots.to(self.device)
         write_pos = write_pos.to(self.device)
