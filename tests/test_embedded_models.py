@@ -37,7 +37,7 @@ def hf_pair():
 
 @pytest.fixture(scope="module")
 def decoder():
-    return LeapDecoder.from_pretrained(TARGET, draft=DRAFT)
+    return LeapDecoder.from_pretrained(TARGET, draft=DRAFT, dtype="float32")
 
 
 def test_native_greedy_equals_transformers(hf_pair, decoder):
@@ -63,3 +63,31 @@ def test_cli_defaults_to_the_embedded_pair(capsys):
     assert code == 0, err
     obj = json.loads(out)
     assert len(obj["token_ids"]) <= 6 and obj["stats"]["draft_forwards"] > 0
+
+
+def test_bfloat16_speculation_equals_plain_decoding_and_transformers_up_to_ties():
+    """In the checkpoint's own dtype (bfloat16, the CLI default): every method emits what
+    `none` emits, and `none` emits what transformers does, except after a top-2 tie."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from leapdecode.bench.lossless import first_difference, tie_tolerance
+
+    dec = LeapDecoder.from_pretrained(TARGET, draft=DRAFT, dtype="auto", draft_dtype="float32")
+    assert dec.target.dtype == torch.bfloat16
+    hf = AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.bfloat16).eval()
+    tok = AutoTokenizer.from_pretrained(TARGET)
+    for prompt in PROMPTS:
+        ids = tok.encode(prompt)
+        plain = dec.generate(ids, method="none", max_new_tokens=48).token_ids
+        for method, k in (("draft", 3), ("ngram", 8)):
+            assert dec.generate(ids, method=method, k=k, max_new_tokens=48).token_ids == plain
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False,
+                              attention_mask=torch.ones(1, len(ids), dtype=torch.long))  # fmt: skip
+        want = ref[0, len(ids) :].tolist()
+        pos = first_difference(plain, want)
+        if pos is not None:
+            with torch.no_grad():
+                logits = hf(input_ids=torch.tensor([ids + want[:pos]])).logits[0, -1].float()
+            top = torch.topk(logits, 2).values
+            assert float(top[0] - top[1]) <= tie_tolerance(float(top[0]), torch.bfloat16), prompt

@@ -83,13 +83,16 @@ class LeapDecoder:
         draft: str | None = None,
         backend: str = "native",
         device: str = "cpu",
-        dtype: str = "float32",
+        dtype: str = "auto",
+        draft_dtype: str | None = None,
     ) -> LeapDecoder:
+        """dtype: float32 | bfloat16 | float16 | auto (the checkpoint's own);
+        draft_dtype: the draft's, when it differs (default: the same as dtype)."""
         target_model = load_model(target, backend, device, dtype, what="target")
         tokenizer = _load_tokenizer(target)
         draft_model = None
         if draft is not None:
-            draft_model = load_model(draft, backend, device, dtype, what="draft")
+            draft_model = load_model(draft, backend, device, draft_dtype or dtype, what="draft")
             _check_same_vocab(target, tokenizer, draft)
         return cls(target_model, tokenizer, _eos_ids(target, target_model.config), draft_model)
 

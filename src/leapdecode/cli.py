@@ -33,7 +33,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", help="draft model folder, same tokenizer as the target")
     p.add_argument("--backend", default="native", choices=["native", "transformers"])
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights' dtype (default auto: the checkpoint's own, from config.json)",
+    )
 
 
 def _add_generation_args(p: argparse.ArgumentParser, method_default: str) -> None:
@@ -67,9 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-new-tokens", type=int, default=128)
     demo.add_argument("--repeats", type=int, default=3)
 
+    from .bench.command import add_parsers as add_bench
     from .train.commands import add_parsers
 
     add_parsers(sub)
+    add_bench(sub, _add_model_args)
     return parser
 
 
@@ -169,6 +174,12 @@ def cmd_train(args) -> int:
     return run(args)
 
 
+def cmd_bench(args) -> int:
+    from .bench.command import cmd_bench as run
+
+    return run(args)
+
+
 def cmd_demo(args) -> int:
     from .demo import run_demo
 
@@ -177,7 +188,7 @@ def cmd_demo(args) -> int:
     return run_demo(args)
 
 
-COMMANDS = {"generate": cmd_generate, "train": cmd_train, "demo": cmd_demo}
+COMMANDS = {"generate": cmd_generate, "train": cmd_train, "demo": cmd_demo, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,13 +71,16 @@ class Engine:
 
     def _step(self, seqs: list[Sequence], k: int) -> list[tuple[Sequence, list[int]]]:
         # Never draft past what a sequence may still emit (its bonus token counts too).
+        t0 = time.perf_counter()
         ks = [max(0, min(k, s.room() - 1)) for s in seqs]
         drafts = self.proposer.propose(seqs, ks) if any(ks) else Drafts.empty(len(seqs))
+        t1 = time.perf_counter()
         slots = torch.tensor([s.slot for s in seqs], dtype=torch.long)
         last = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.long)  # [B, 1]
         inputs = torch.cat([last, drafts.tokens], dim=1)  # [B, k+1]
         cached = self.target.lengths(slots)  # [B]
         logits = self.target.forward(inputs, slots)  # [B, k+1, V]
+        t2 = time.perf_counter()
         n_accepted, next_tokens = self._verify(seqs, logits, drafts)
         self.target.truncate(slots, cached + 1 + torch.tensor(n_accepted))
         self.proposer.accepted(seqs, n_accepted)
@@ -88,6 +91,11 @@ class Engine:
             s.stats.record_step(counts[i], n_accepted[i])
             new = drafts.tokens[i, : n_accepted[i]].tolist() + [next_tokens[i]]
             added.append((s, s.append(new)))
+        t3 = time.perf_counter()
+        for s in seqs:
+            s.stats.propose_s += t1 - t0
+            s.stats.verify_s += t2 - t1
+            s.stats.accept_s += t3 - t2
         return added
 
     def _verify(self, seqs, logits, drafts: Drafts) -> tuple[list[int], list[int]]:

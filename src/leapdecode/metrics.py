@@ -17,6 +17,10 @@ class RequestStats:
     new_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    # Where the decode time went (a batch's steps are shared by its rows):
+    propose_s: float = 0.0  # the proposer (draft model forwards, n-gram lookup)
+    verify_s: float = 0.0  # the target's verify forwards
+    accept_s: float = 0.0  # the acceptance rule, cache rollback, proposer bookkeeping
 
     def record_step(self, n_proposed: int, n_accepted: int) -> None:
         self.decode_steps += 1

@@ -41,8 +41,9 @@ class KVCache:
             self.v[layer][s : s + n, :, p : p + t] = v.transpose(1, 2)
             return
         rows = slots[:, None]  # [B, 1]
-        self.k[layer][rows, :, write_pos] = k
-        self.v[layer][rows, :, write_pos] = v
+        dtype = self.k[layer].dtype
+        self.k[layer][rows, :, write_pos] = k.to(dtype)
+        self.v[layer][rows, :, write_pos] = v.to(dtype)
 
     def read(self, layer: int, slots: torch.Tensor, span: int, contiguous_from: int | None):
         """Keys and values of the first `span` positions: two [B, H_kv, span, D] tensors.

@@ -30,7 +30,7 @@ class NativeUnsupported(Exception):
 @dataclass
 class LayerWeights:
     attn_norm: torch.Tensor  # [hidden]
-    wqkv: torch.Tensor  # [hidden, (H + 2 H_kv) D]  (all weights stored transposed: [in, out])
+    wqkv: torch.Tensor  # [hidden, (H + 2 H_kv) D]  (layout: see _transposed; shown as [in, out])
     bqkv: torch.Tensor | None  # [(H + 2 H_kv) D]
     qk_norm: torch.Tensor | None  # [H + H_kv, D] (Qwen3)
     wo: torch.Tensor  # [H D, hidden]
@@ -43,15 +43,24 @@ class LayerWeights:
     window: int | None  # sliding-window size, None for full attention
 
 
-def _linear(x: torch.Tensor, w_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., in] @ w_t [in, out] (+ bias).
+def _transposed(w: torch.Tensor) -> bool:
+    """Weight layout: float32 on CPU is kept transposed ([in, out]); all else [out, in].
 
-    Weights are kept transposed ([in, out]): on CPU the one-row decode matmul then streams
-    the weight matrix and runs about twice as fast as `F.linear` with [out, in] weights
-    (bench/backend_step.py measures it).
+    float32 on CPU: the one-row decode matmul with [in, out] weights streams the matrix and
+    runs about twice as fast as `F.linear` (bench/backend_step.py measures it). bfloat16 and
+    float16 on CPU go to oneDNN through `F.linear`, whose cost stays nearly flat from 1 to 16
+    rows (the verify forward) and gives each row the same bits whatever the row count.
+    CUDA: `F.linear` (cuBLAS) either way.
     """
-    y = torch.matmul(x, w_t)
-    return y if bias is None else y + bias
+    return w.dtype == torch.float32 and w.device.type == "cpu"
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., in] times w (+ bias) -> [..., out], for either layout (see _transposed)."""
+    if _transposed(w):
+        y = torch.matmul(x, w)
+        return y if bias is None else y + bias
+    return F.linear(x, w, bias)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -114,6 +123,10 @@ class NativeLlama(CausalLM):
             raise NativeUnsupported(str(e)) from e
         self.cos, self.sin = cos.to(device), sin.to(device)
         self.windows = {layer.window for layer in self.layers}
+        # Attention (and the KV cache) runs in float32 on CPU whatever the weights' dtype:
+        # PyTorch's CPU attention kernel is about 3x slower in bfloat16 for one query row,
+        # and float32 holds bfloat16/float16 keys and values exactly.
+        self.attn_dtype = torch.float32 if device.type == "cpu" else dtype
         self.cache: KVCache | None = None
 
     # ----------------------------------------------------------------- weights
@@ -129,8 +142,9 @@ class NativeLlama(CausalLM):
         def cat(*ts):
             return None if any(t is None for t in ts) else torch.cat(ts, dim=0).contiguous()
 
-        def cat_t(*ts):  # fused and transposed to [in, out]
-            return torch.cat(ts, dim=0).t().contiguous()
+        def cat_t(*ts):  # fused along out, then laid out for _linear
+            w = torch.cat(ts, dim=0)
+            return w.t().contiguous() if _transposed(w) else w.contiguous()
 
         self.embed = take("model.embed_tokens.weight")
         self.vocab_size = self.embed.shape[0]
@@ -169,7 +183,7 @@ class NativeLlama(CausalLM):
         lm_head = take("lm_head.weight", required=False)
         if lm_head is None or getattr(config, "tie_word_embeddings", False):
             lm_head = self.embed
-        self.lm_head_t = lm_head.t().contiguous()  # [hidden, V]
+        self.lm_head = cat_t(lm_head)  # [hidden, V]
         leftover = [n for n in state if "rotary_emb" not in n]
         if leftover:
             raise NativeUnsupported(f"unexpected weights such as {leftover[0]}")
@@ -186,7 +200,7 @@ class NativeLlama(CausalLM):
             self.n_kv_heads,
             max_len,
             self.head_dim,
-            self.dtype,
+            self.attn_dtype,
             self.device,
         )
 
@@ -266,9 +280,14 @@ class NativeLlama(CausalLM):
             cache.write(i, dev_slots, write_pos, k, v, block)
             keys, values = cache.read(i, dev_slots, span, contiguous)  # [B, H_kv, S, D]
             o = F.scaled_dot_product_attention(
-                q.transpose(1, 2), keys, values, attn_mask=masks[layer.window], enable_gqa=h != h_kv
+                q.transpose(1, 2).to(self.attn_dtype),
+                keys,
+                values,
+                attn_mask=masks[layer.window],
+                enable_gqa=h != h_kv,
             )  # [B, H, T, D]
-            x = x + _linear(o.transpose(1, 2).reshape(batch, n_new, h * d), layer.wo, layer.bo)
+            o = o.transpose(1, 2).reshape(batch, n_new, h * d).to(self.dtype)
+            x = x + _linear(o, layer.wo, layer.bo)
             m = _rms_norm(x, layer.mlp_norm, self.eps)
             gate, up = _linear(m, layer.w_gate_up, layer.b_gate_up).chunk(2, dim=-1)
             x = x + _linear(F.silu(gate) * up, layer.w_down, layer.b_down)
@@ -278,4 +297,4 @@ class NativeLlama(CausalLM):
                 :, None
             ]  # [B, 1, hidden]
         x = _rms_norm(x, self.norm, self.eps)
-        return torch.matmul(x, self.lm_head_t).float()  # [B, T, V]
+        return _linear(x, self.lm_head, None).float()  # [B, T, V]

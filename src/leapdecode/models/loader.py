@@ -32,11 +32,19 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return dev
 
 
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+def resolve_dtype(dtype: str | torch.dtype, config=None) -> torch.dtype:
+    """A torch dtype from a name; "auto" is the checkpoint's own (config.json `dtype`)."""
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype == "auto":
+        saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        if isinstance(saved, torch.dtype) and saved in DTYPES.values():
+            return saved
+        if isinstance(saved, str) and saved in DTYPES:
+            return DTYPES[saved]
+        return torch.float32
     if dtype not in DTYPES:
-        raise LeapDecodeError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16")
+        raise LeapDecodeError(f"unknown dtype {dtype!r}: use auto, float32, bfloat16 or float16")
     return DTYPES[dtype]
 
 
@@ -74,8 +82,9 @@ def load_model(
     if backend not in BACKENDS:
         raise LeapDecodeError(f"unknown backend {backend!r}: use native or transformers")
     path = check_model_dir(path, what)
-    dev, dt = resolve_device(device), resolve_dtype(dtype)
+    dev = resolve_device(device)
     config = load_config(path)
+    dt = resolve_dtype(dtype, config)
     if backend == "native":
         from .llama import NativeLlama, NativeUnsupported
 

@@ -1,8 +1,13 @@
-"""Prompt lookup: propose what followed the last n tokens the previous time they occurred.
+"""Prompt lookup: propose what followed the last n tokens where they occurred before.
 
-Each sequence keeps a hash index from every n-gram (min_n <= n <= max_n) to the position
-just after its latest occurrence, updated as tokens are committed: O(max_n - min_n + 1)
-work per new token, so the per-step cost does not grow with the length of the text.
+Each sequence keeps a hash index from every n-gram (min_n <= n <= max_n) to the positions
+just after its first and its latest occurrence, updated as tokens are committed:
+O(max_n - min_n + 1) work per new token, so the per-step cost does not grow with the text.
+
+The longest matching n-gram wins. Its latest occurrence is proposed when it leaves k tokens
+to copy (recent text predicts repetitive output best); otherwise the first occurrence, when
+that leaves more (while the output copies a block of the prompt, the latest occurrence is
+often the copy being written, a few tokens back, and the first is the source).
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from .base import Drafts, Proposer
 class NgramIndex:
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n, self.max_n = min_n, max_n
-        self.tables: dict[int, dict[tuple[int, ...], int]] = {
+        # n -> n-gram -> [first, latest] start of the continuation
+        self.tables: dict[int, dict[tuple[int, ...], list[int]]] = {
             n: {} for n in range(min_n, max_n + 1)
         }
         self.indexed = 0  # continuation starts 1..indexed are registered
@@ -25,16 +31,23 @@ class NgramIndex:
         for j in range(self.indexed + 1, len(tokens)):  # j = start of the continuation
             for n, table in self.tables.items():
                 if j >= n:
-                    table[tuple(tokens[j - n : j])] = j
+                    seen = table.get(key := tuple(tokens[j - n : j]))
+                    if seen is None:
+                        table[key] = [j, j]
+                    else:
+                        seen[1] = j
         self.indexed = max(self.indexed, len(tokens) - 1)
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
-        """Up to k tokens that followed the longest matching suffix (latest occurrence)."""
+        """Up to k tokens that followed the longest matching suffix (see the module notes)."""
         length = len(tokens)
         for n in range(min(self.max_n, length), self.min_n - 1, -1):
-            j = self.tables[n].get(tuple(tokens[length - n :]))
-            if j is not None:
-                return tokens[j : j + k]
+            seen = self.tables[n].get(tuple(tokens[length - n :]))
+            if seen is not None:
+                first, latest = seen
+                if length - latest >= k or length - first <= length - latest:
+                    return tokens[latest : latest + k]
+                return tokens[first : first + k]
         return []
 
 

@@ -6,6 +6,7 @@ import json
 import os
 from dataclasses import asdict
 
+import numpy as np
 import torch
 
 from ..errors import LeapDecodeError
@@ -30,6 +31,16 @@ def add_parsers(sub) -> None:
     tgt.add_argument("--tokenizer", required=True, help="folder from `train tokenizer`")
     _model_args(tgt, hidden=512, layers=6, heads=8, kv_heads=4, intermediate=1376)
     _loop_args(tgt, steps=520, batch=8, lr=1.5e-3)
+    tgt.add_argument("--init", default=None, help="start from this model folder (fine-tune)")
+    tgt.add_argument("--tokens", default=None, help="train on this token stream (.npy)")
+
+    ed = what.add_parser("edits", help="revision documents + plain files, for a target fine-tune")
+    _data_args(ed)
+    ed.add_argument("--tokenizer", required=True, help="tokenizer (or model) folder")
+    ed.add_argument("--out", required=True, help="output .npy token stream")
+    ed.add_argument("--docs", type=int, default=3000, help="revision documents")
+    ed.add_argument("--plain-share", type=float, default=0.5, help="share of plain-file tokens")
+    ed.add_argument("--seed", type=int, default=0)
 
     dr = what.add_parser("draft", help="a small LM distilled from the target (forward KL)")
     _data_args(dr)
@@ -37,6 +48,20 @@ def add_parsers(sub) -> None:
     _model_args(dr, hidden=256, layers=2, heads=4, kv_heads=4, intermediate=688)
     _loop_args(dr, steps=300, batch=8, lr=3e-3)
     dr.add_argument("--ce-weight", type=float, default=0.1, help="share of plain cross-entropy")
+    dr.add_argument("--init", default=None, help="start from this draft folder (fine-tune)")
+    dr.add_argument(
+        "--tokens", default=None, help="train on this token stream (.npy from `train selfgen`)"
+    )
+
+    sg = what.add_parser("selfgen", help="the target's own greedy continuations, for a draft")
+    _data_args(sg)
+    sg.add_argument("--target", required=True)
+    sg.add_argument("--out", required=True, help="output .npy token stream")
+    sg.add_argument("--samples", type=int, default=2048)
+    sg.add_argument("--prefix-tokens", type=int, default=256)
+    sg.add_argument("--new-tokens", type=int, default=256)
+    sg.add_argument("--batch", type=int, default=16)
+    sg.add_argument("--seed", type=int, default=0)
 
     ev = what.add_parser("evaluate", help="measure a trained pair and write the model cards")
     _data_args(ev)
@@ -153,16 +178,23 @@ def cmd_tokenizer(args) -> int:
 
 
 def _fit(args, tokenizer, kind: str, teacher=None) -> int:
-    """Build a fresh Llama from the flags, train it (resumably) and save it to --out."""
-    from transformers import LlamaForCausalLM
+    """Build a fresh Llama from the flags (or --init), train it resumably, save it to --out."""
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
     cfg = _train_config(args)
     root, files = _corpus(args)
     run_dir = args.run_dir or os.path.join(RUNS, os.path.basename(os.path.abspath(args.out)))
     train_tokens = load_or_encode(tokenizer, root, files, "train", run_dir)
     val_tokens = load_or_encode(tokenizer, root, files, "validation", run_dir)
+    if getattr(args, "tokens", None):
+        if not os.path.isfile(args.tokens):
+            raise LeapDecodeError(f"{args.tokens!r} not found: make it with `leapdecode train selfgen`")
+        train_tokens = np.load(args.tokens)
     torch.manual_seed(cfg.seed)
-    model = LlamaForCausalLM(_llama_config(args, tokenizer))
+    if getattr(args, "init", None):
+        model = AutoModelForCausalLM.from_pretrained(args.init, dtype=torch.float32)
+    else:
+        model = LlamaForCausalLM(_llama_config(args, tokenizer))
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{kind}: {n_params / 1e6:.2f}M parameters, {len(train_tokens) / 1e6:.2f}M training "
           f"tokens, run folder {run_dir}")  # fmt: skip
@@ -170,6 +202,9 @@ def _fit(args, tokenizer, kind: str, teacher=None) -> int:
     summary["config"] = asdict(cfg)
     if teacher is not None:
         summary["teacher"] = args.target
+    for name in ("init", "tokens"):
+        if getattr(args, name, None):
+            summary[name] = getattr(args, name)
     _save(model, tokenizer, args, root, files, summary, kind)
     print(f"{kind} saved to {args.out}; measure it with `leapdecode train evaluate`")
     return 0
@@ -189,6 +224,35 @@ def cmd_draft(args) -> int:
     return _fit(args, tokenizer, "draft", teacher=teacher)
 
 
+def cmd_selfgen(args) -> int:
+    from .selfgen import generate_stream
+
+    tokenizer = _load_tokenizer(args.target)
+    root, files = _corpus(args)
+    run_dir = os.path.join(RUNS, os.path.basename(os.path.abspath(args.target)))
+    corpus_tokens = load_or_encode(tokenizer, root, files, "train", run_dir)
+    stream = generate_stream(
+        args.target, corpus_tokens, args.out, args.samples, args.prefix_tokens,
+        args.new_tokens, args.batch, args.seed, tokenizer.eos_token_id,
+    )  # fmt: skip
+    print(f"{len(stream)} tokens saved to {args.out}")
+    return 0
+
+
+def cmd_edits(args) -> int:
+    from .edits import build_stream
+
+    if args.docs < 1 or not 0 <= args.plain_share < 1:
+        raise LeapDecodeError("--docs must be >= 1 and --plain-share in [0, 1)")
+    root, files = _corpus(args)
+    stream = build_stream(_load_tokenizer(args.tokenizer), root, files, args.docs,
+                          args.plain_share, args.seed)  # fmt: skip
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    np.save(args.out, stream)
+    print(f"{len(stream)} tokens saved to {args.out}")
+    return 0
+
+
 def cmd_evaluate(args) -> int:
     from .evaluate import evaluate_and_write_cards
 
@@ -198,4 +262,5 @@ def cmd_evaluate(args) -> int:
 
 def cmd_train(args) -> int:
     return {"tokenizer": cmd_tokenizer, "target": cmd_target, "draft": cmd_draft,
-            "evaluate": cmd_evaluate}[args.what](args)  # fmt: skip
+            "evaluate": cmd_evaluate, "selfgen": cmd_selfgen,
+            "edits": cmd_edits}[args.what](args)  # fmt: skip

@@ -1,0 +1,185 @@
+"""`leapdecode bench prompts | run`: build the prompt sets; run the benchmark."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+import torch
+
+from ..errors import LeapDecodeError
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+PROMPTS = os.path.join(REPO, "bench", "prompts")
+
+
+def _ks(text: str, flag: str) -> list[int]:
+    try:
+        ks = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise LeapDecodeError(f"{flag} takes comma-separated integers, e.g. 2,4,8") from None
+    if not ks or any(not 1 <= k <= 64 for k in ks):
+        raise LeapDecodeError(f"{flag}: every k must be in 1..64")
+    return ks
+
+
+def add_parsers(sub, model_args) -> None:
+    p = sub.add_parser("bench", help="Spec-Bench-style benchmark against transformers")
+    what = p.add_subparsers(dest="what", required=True, parser_class=type(p))
+
+    pr = what.add_parser("prompts", help="(re)build the prompt sets from the validation split")
+    pr.add_argument("--target", help="model whose corpus_manifest.json names the files")
+    pr.add_argument("--out", default=PROMPTS)
+    pr.add_argument("--per-category", type=int, default=20)
+    pr.add_argument("--seed", type=int, default=0)
+
+    run = what.add_parser("run", help="run every method and peer; write table, JSON and plots")
+    model_args(run)
+    run.add_argument("--draft-dtype", default="float32",
+                     help="the draft's dtype (default float32: fastest for a tiny draft on CPU)")  # fmt: skip
+    run.add_argument("--prompts", default=PROMPTS, help="folder of <category>.jsonl files")
+    run.add_argument("--out", default=os.path.join("bench", "results"))
+    run.add_argument("--categories", default="completion,revision,grounded,free")
+    run.add_argument("--per-category", type=int, default=None, help="first N prompts of each")
+    run.add_argument("--repeats", type=int, default=3, help="timed rounds per prompt (median)")
+    run.add_argument("--draft-k", default="2,3,4,6")
+    run.add_argument("--ngram-k", default="4,8,16")
+    run.add_argument("--peer-draft-k", default=None, help="k for assisted generation (default: --draft-k)")
+    run.add_argument("--peer-ngram-k", default=None, help="k for prompt lookup (default: --ngram-k)")
+    run.add_argument("--no-peers", action="store_true", help="skip the transformers peers")
+    run.add_argument("--quick", action="store_true",
+                     help="smoke run: 2 prompts a category, 32 tokens, one round, one k each")  # fmt: skip
+
+
+def cmd_prompts(args) -> int:
+    from transformers import AutoTokenizer
+
+    from ..cli import default_model
+    from . import workloads
+
+    target = args.target or default_model("leap-code-target")
+    if target is None:
+        raise LeapDecodeError("no target: pass --target MODEL_DIR (with corpus_manifest.json)")
+    if args.per_category < 1:
+        raise LeapDecodeError("--per-category must be >= 1")
+    tok = AutoTokenizer.from_pretrained(target)
+    sets = workloads.build(os.path.join(target, "corpus_manifest.json"), tok, args.per_category, args.seed)
+    for path in workloads.save(sets, args.out):
+        print(path)
+    return 0
+
+
+def cmd_run(args) -> int:
+    import transformers
+
+    from ..api import LeapDecoder
+    from ..cli import default_model
+    from . import lossless, report, runner, workloads
+    from .peers import HFPeers
+
+    transformers.logging.set_verbosity_error()
+    target = args.target or default_model("leap-code-target")
+    draft = args.draft or (default_model("leap-code-draft") if args.target is None else None)
+    if target is None:
+        raise LeapDecodeError("no target model: pass --target MODEL_DIR")
+    cats = [c.strip() for c in args.categories.split(",") if c.strip()]
+    bad = [c for c in cats if c not in workloads.CATEGORIES]
+    if bad or not cats:
+        raise LeapDecodeError(f"unknown category {bad[0] if bad else ''!r}: use {', '.join(workloads.CATEGORIES)}")
+    if args.repeats < 1:
+        raise LeapDecodeError("--repeats must be >= 1")
+    draft_ks, ngram_ks = _ks(args.draft_k, "--draft-k"), _ks(args.ngram_k, "--ngram-k")
+    peer_ks = {
+        "draft": _ks(args.peer_draft_k, "--peer-draft-k") if args.peer_draft_k else draft_ks,
+        "ngram": _ks(args.peer_ngram_k, "--peer-ngram-k") if args.peer_ngram_k else ngram_ks,
+    }
+    per_cat, repeats, cap = args.per_category, args.repeats, None
+    if args.quick:
+        per_cat, repeats, cap = 2, 1, 32
+        draft_ks, ngram_ks = draft_ks[len(draft_ks) // 2 : len(draft_ks) // 2 + 1], ngram_ks[:1]
+        peer_ks = {"draft": draft_ks, "ngram": ngram_ks}
+    sets = workloads.load(args.prompts, cats)
+    if per_cat is not None:
+        if per_cat < 1:
+            raise LeapDecodeError("--per-category must be >= 1")
+        sets = {c: rows[:per_cat] for c, rows in sets.items()}
+
+    dec = LeapDecoder.from_pretrained(
+        target, draft=draft, device=args.device, dtype=args.dtype, draft_dtype=args.draft_dtype
+    )
+    peers = None if args.no_peers else HFPeers(target, draft, args.dtype, args.draft_dtype)
+    methods = runner.method_list(draft_ks, ngram_ks, peer_ks, draft is not None, peers is not None)
+    costs = runner.measure_costs(dec, sorted(set(draft_ks + ngram_ks)))
+    t0 = time.perf_counter()
+    records = runner.run(dec, peers, sets, methods, repeats, cap)
+    elapsed = time.perf_counter() - t0
+
+    prompts = {row["id"]: dec.encode(row["prompt"]) for rows in sets.values() for row in rows}
+
+    def logits_fn(ours: bool, ids: list[int]) -> torch.Tensor:
+        if ours or peers is None:
+            dec.target.allocate(1, len(ids) + 1)
+            return dec.target.forward(torch.tensor([ids]), torch.tensor([0]))[0, -1]
+        with torch.inference_mode():
+            return peers.target(input_ids=torch.tensor([ids])).logits[0, -1]
+
+    mism = lossless.check(records, logits_fn, dec.target.dtype, prompts)
+    meta = _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed)
+    cells = report.aggregate(records, costs, mism)
+    paths = report.write(cells, meta, args.out)
+    _summary(cells)
+    print(f"{len(records)} prompt x method cells in {elapsed:.0f} s; wrote {paths['markdown']}, "
+          f"{paths['json']} and {paths['plots']}")  # fmt: skip
+    return 0
+
+
+def _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed) -> dict:
+    c = costs
+    cost_line = (
+        f"Costs at {c['context']} cached tokens (median of 30 interleaved forwards): target decode "
+        f"{c['target_decode_ms']:.2f} ms"
+        + (f", draft decode {c['draft_decode_ms']:.2f} ms (c = {c['c']:.3f})" if c["c"] else "")
+        + "; verify k tokens / decode: "
+        + ", ".join(f"k={k}: {v:.2f}" for k, v in c["verify_over_decode"].items())
+    )
+    setup = (
+        f"Target `{target}` ({str(dec.target.dtype).replace('torch.', '')}), draft "
+        f"`{draft}` ({str(dec.draft.dtype).replace('torch.', '') if dec.draft else '-'}); greedy; "
+        f"{sum(len(v) for v in sets.values())} prompts ({', '.join(f'{k}: {len(v)}' for k, v in sets.items())}); "
+        f"median of {repeats} interleaved rounds after a warm-up"
+        + (f"; max_new_tokens capped at {cap}" if cap else "")
+        + f"; {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}; run took {elapsed / 60:.1f} min."
+    )
+    return {
+        "title": "quick smoke run" if args.quick else "full run",
+        "setup": setup, "costs": costs, "costs_line": cost_line,
+        "target": target, "draft": draft, "repeats": repeats, "max_new_tokens_cap": cap,
+        "quick": args.quick, "seconds": elapsed, "torch": torch.__version__,
+    }  # fmt: skip
+
+
+def _summary(cells) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .report import best
+
+    cats = list(dict.fromkeys(c["category"] for c in cells))
+    names = list(dict.fromkeys(c["name"] for c in cells))
+    table = Table(title="best k per method: tokens/s (x leapdecode none)")
+    table.add_column("method")
+    for cat in cats:
+        table.add_column(cat, justify="right")
+    for name in names:
+        row = []
+        for cat in cats:
+            b = best(cells, cat, name)
+            row.append("-" if b is None else f"{b['tokens_per_s']:.0f} ({b['speedup_vs_none']:.2f}x)")
+        table.add_row(name, *row)
+    Console().print(table)
+
+
+def cmd_bench(args) -> int:
+    return {"prompts": cmd_prompts, "run": cmd_run}[args.what](args)

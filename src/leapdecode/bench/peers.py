@@ -1,0 +1,52 @@
+"""Hugging Face transformers' own decoding, on the same checkpoints: the peers we compare with.
+
+- `hf-generate`:  `generate()` greedy, the baseline most users know;
+- `hf-assisted`:  `generate(assistant_model=draft)`, assisted generation, k drafts a step
+                  (constant schedule, no confidence cut-off, so k means the same as ours);
+- `hf-lookup`:    `generate(prompt_lookup_num_tokens=k)`, prompt lookup decoding.
+
+Each run counts the target's forward passes (a forward hook), so tokens per target forward
+is reported for the peers too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.loader import resolve_dtype
+
+
+class HFPeers:
+    def __init__(self, target: str, draft: str | None, dtype: str, draft_dtype: str) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        t_dtype = resolve_dtype(dtype, AutoConfig.from_pretrained(target))
+        self.target = AutoModelForCausalLM.from_pretrained(target, dtype=t_dtype).eval()
+        self.draft = None
+        if draft is not None:
+            d_dtype = resolve_dtype(draft_dtype, AutoConfig.from_pretrained(draft))
+            self.draft = AutoModelForCausalLM.from_pretrained(draft, dtype=d_dtype).eval()
+        self.forwards = 0
+        self.target.register_forward_hook(self._count)
+
+    def _count(self, *_):
+        self.forwards += 1
+
+    @torch.inference_mode()
+    def generate(self, ids: list[int], method: str, k: int, max_new_tokens: int) -> tuple[list[int], int]:
+        """Greedy tokens after the prompt, and the target forwards it took."""
+        x = torch.tensor([ids])
+        kwargs = dict(
+            attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
+            temperature=None, top_p=None, top_k=None,
+        )  # fmt: skip
+        if method == "hf-assisted":
+            kwargs.update(
+                assistant_model=self.draft, num_assistant_tokens=k,
+                num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0,
+            )  # fmt: skip
+        elif method == "hf-lookup":
+            kwargs.update(prompt_lookup_num_tokens=k)
+        self.forwards = 0
+        out = self.target.generate(x, **kwargs)
+        return out[0, len(ids) :].tolist(), self.forwards

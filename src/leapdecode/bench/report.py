@@ -1,0 +1,210 @@
+"""Aggregate the records per (category, method): JSON, a markdown table and PNG plots."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+
+from .runner import COUNTERPART, Record
+
+
+def predicted_speedup(alpha: float, k: int, c: float) -> float:
+    """Leviathan et al. 2023, Thm 3.8: expected walltime improvement with acceptance rate
+    alpha, k drafts a step and draft/target cost ratio c."""
+    if k == 0:
+        return 1.0
+    tokens = k + 1 if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    return tokens / (k * c + 1)
+
+
+def aggregate(records: list[Record], costs: dict, mismatches: dict) -> list[dict]:
+    groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    for r in records:
+        groups[(r.category, r.method)].append(r)
+    cells = []
+    for (cat, label), rs in groups.items():
+        tokens = sum(len(r.tokens) for r in rs)
+        secs = sum(r.median_s for r in rs)
+        steps = sum(r.decode_steps for r in rs)
+        proposed, accepted = sum(r.proposed for r in rs), sum(r.accepted for r in rs)
+        width = max((len(r.proposed_by_position) for r in rs), default=0)
+        by_pos = []
+        for i in range(width):
+            p = sum(r.proposed_by_position[i] for r in rs if i < len(r.proposed_by_position))
+            a = sum(r.accepted_by_position[i] for r in rs if i < len(r.accepted_by_position))
+            by_pos.append(a / p if p else None)
+        r0 = rs[0]
+        ours = not r0.name.startswith("hf-")
+        alpha = accepted / proposed if proposed else None
+        c = costs.get("c") if r0.name == "draft" else 0.0
+        decode = sum(r.propose_s + r.verify_s + r.accept_s for r in rs)
+        cells.append({
+            "category": cat, "method": label, "name": r0.name, "k": r0.k, "ours": ours,
+            "prompts": len(rs), "new_tokens": tokens, "seconds": secs,
+            "tokens_per_s": tokens / secs if secs else 0.0,
+            "target_forwards": sum(r.target_forwards for r in rs),
+            "target_forwards_per_token": sum(r.target_forwards for r in rs) / tokens if tokens else None,
+            # tokens per target decode forward, the target's own token included (the first
+            # token of each prompt comes from the prefill)
+            "mean_accepted_tokens": (tokens - len(rs)) / steps if steps else None,
+            "acceptance_rate": alpha if ours else None,
+            "acceptance_by_position": by_pos if ours else None,
+            "mean_proposed_per_step": proposed / steps if ours and steps else None,
+            "draft_forwards": sum(r.draft_forwards for r in rs),
+            "c": c if ours else None,
+            "predicted_speedup": (
+                predicted_speedup(alpha, r0.k, c) if ours and alpha is not None and c is not None
+                else (1.0 if r0.name == "none" else None)
+            ),
+            "time_split": {
+                "proposer": sum(r.propose_s for r in rs) / decode,
+                "verify_forward": sum(r.verify_s for r in rs) / decode,
+                "accept": sum(r.accept_s for r in rs) / decode,
+                "other_s": secs - decode,  # prefill, tokenization, set-up (median run)
+            } if ours and decode > 0 else None,
+            "mismatches": mismatches.get((cat, label), {"non_tie": 0, "tie": 0, "details": []}),
+        })  # fmt: skip
+    by_key = {(c["category"], c["method"]): c for c in cells}
+    for cell in cells:
+        base = by_key.get((cell["category"], "none"))
+        hf = by_key.get((cell["category"], "hf-generate"))
+        cell["speedup_vs_none"] = cell["tokens_per_s"] / base["tokens_per_s"] if base else None
+        cell["speedup_vs_hf_generate"] = cell["tokens_per_s"] / hf["tokens_per_s"] if hf else None
+        pred = cell["predicted_speedup"]
+        cell["efficiency"] = (
+            cell["speedup_vs_none"] / pred if cell["ours"] and pred and cell["speedup_vs_none"] else None
+        )
+        if cell["ours"]:
+            peer_label = COUNTERPART[cell["name"]] + ("" if cell["name"] == "none" else f" k={cell['k']}")
+            peer = by_key.get((cell["category"], peer_label))
+            cell["counterpart"] = peer_label if peer else None
+            cell["speedup_vs_counterpart"] = cell["tokens_per_s"] / peer["tokens_per_s"] if peer else None
+    return cells
+
+
+def best(cells: list[dict], category: str, name: str) -> dict | None:
+    """The fastest k of a method in a category."""
+    cands = [c for c in cells if c["category"] == category and c["name"] == name]
+    return max(cands, key=lambda c: c["tokens_per_s"], default=None)
+
+
+def _f(x, spec=".2f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def markdown(cells: list[dict], meta: dict) -> str:
+    cats = list(dict.fromkeys(c["category"] for c in cells))
+    names = list(dict.fromkeys(c["name"] for c in cells))
+    lines = [f"# leapdecode bench: {meta['title']}", "", meta["setup"], ""]
+    lines += ["## Best k per method (tokens/s, and speedup over leapdecode `none`)", ""]
+    lines += ["| method | " + " | ".join(cats) + " |", "|---" * (len(cats) + 1) + "|"]
+    for name in names:
+        row = []
+        for cat in cats:
+            b = best(cells, cat, name)
+            row.append("–" if b is None else f"{b['tokens_per_s']:.0f} tok/s, {b['speedup_vs_none']:.2f}x"
+                       + ("" if b["name"] in ("none", "hf-generate") else f" (k={b['k']})"))
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
+    lines += [
+        "", "## Every cell", "",
+        "tok/fwd = tokens per target decode forward (its own token included); alpha = accepted / "
+        "proposed draft tokens; by position = acceptance of draft 1, 2, 3, 4; pred = "
+        "(1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)); eff = measured / pred; split = share of "
+        "decode time in proposer / verify forward / accept; mism = mismatching prompts vs the "
+        "reference (non-tie + tie).", "",
+        "| category | method | tok/s | x none | x HF generate | x HF counterpart | tok/fwd | fwd/token "
+        "| alpha | by position | pred | eff | split | mism |",
+        "|---" * 14 + "|",
+    ]  # fmt: skip
+    for cat in cats:
+        for c in [c for c in cells if c["category"] == cat]:
+            pos = c["acceptance_by_position"]
+            pos_s = "–" if not pos else " ".join(_f(p) for p in pos[:4])
+            split = c["time_split"]
+            split_s = "–" if not split else (
+                f"{split['proposer']:.0%} / {split['verify_forward']:.0%} / {split['accept']:.0%}"
+            )
+            m = c["mismatches"]
+            lines.append(
+                f"| {cat} | {c['method']} | {c['tokens_per_s']:.1f} | {_f(c['speedup_vs_none'])} "
+                f"| {_f(c['speedup_vs_hf_generate'])} | {_f(c.get('speedup_vs_counterpart'))} "
+                f"| {_f(c['mean_accepted_tokens'])} | {_f(c['target_forwards_per_token'], '.3f')} "
+                f"| {_f(c['acceptance_rate'])} | {pos_s} | {_f(c['predicted_speedup'])} "
+                f"| {_f(c['efficiency'])} | {split_s} | {m['non_tie']} + {m['tie']} |"
+            )
+    lines += ["", meta.get("costs_line", ""), ""]
+    return "\n".join(lines)
+
+
+def plots(cells: list[dict], out_dir: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cats = list(dict.fromkeys(c["category"] for c in cells))
+    names = list(dict.fromkeys(c["name"] for c in cells))
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / len(names)
+    for j, name in enumerate(names):
+        ys = [(best(cells, cat, name) or {}).get("speedup_vs_none") or 0.0 for cat in cats]
+        xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(cats))]
+        ax.bar(xs, ys, width, label=name, hatch="//" if name.startswith("hf-") else None)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(range(len(cats)), cats)
+    ax.set_ylabel("speedup over leapdecode none (best k)")
+    ax.set_title("Speedup by category and method (greedy)")
+    ax.legend(fontsize=8, ncol=2)
+    paths.append(_save(fig, out_dir, "speedup_by_category.png"))
+
+    for key, ylabel, fname in (
+        ("mean_accepted_tokens", "tokens per target forward", "accepted_vs_k.png"),
+        ("tokens_per_s", "tokens/s", "tokens_per_s_vs_k.png"),
+    ):
+        fig, axes = plt.subplots(1, len(cats), figsize=(3.2 * len(cats), 3.6), sharey=True)
+        axes = axes if len(cats) > 1 else [axes]
+        for ax, cat in zip(axes, cats, strict=True):
+            for name in names:
+                pts = sorted((c["k"], c[key]) for c in cells
+                             if c["category"] == cat and c["name"] == name and c[key] is not None)  # fmt: skip
+                if name in ("none", "hf-generate"):
+                    if pts and key == "tokens_per_s":
+                        ax.axhline(pts[0][1], ls="--", lw=1, label=name,
+                                   color="black" if name == "none" else "grey")  # fmt: skip
+                    continue
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), marker="o", label=name,
+                            ls=":" if name.startswith("hf-") else "-")  # fmt: skip
+            ax.set_title(cat)
+            ax.set_xlabel("k")
+        axes[0].set_ylabel(ylabel)
+        axes[-1].legend(fontsize=7)
+        paths.append(_save(fig, out_dir, fname))
+    return paths
+
+
+def _save(fig, out_dir: str, name: str) -> str:
+    path = os.path.join(out_dir, name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def write(cells: list[dict], meta: dict, out_dir: str) -> dict[str, str]:
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {"json": os.path.join(out_dir, "results.json"), "markdown": os.path.join(out_dir, "results.md")}
+    with open(paths["json"], "w") as f:
+        json.dump({"meta": meta, "cells": cells}, f, indent=1)
+    pngs = plots(cells, out_dir)
+    md = markdown(cells, meta)
+    md += "\n" + "\n".join(f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in pngs) + "\n"
+    with open(paths["markdown"], "w") as f:
+        f.write(md)
+    paths["plots"] = ", ".join(pngs)
+    return paths

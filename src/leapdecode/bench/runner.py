@@ -1,0 +1,167 @@
+"""Run every method on every prompt, interleaved, and keep the per-run records.
+
+Order: one warm-up pass of every method (untimed), then for each prompt `repeats` rounds;
+each round runs every method once, the order rotated round by round so no method always
+runs first after a prompt change. A (prompt, method) figure is the median of its rounds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from ..api import LeapDecoder
+
+# leapdecode method -> its Hugging Face transformers counterpart
+COUNTERPART = {"none": "hf-generate", "draft": "hf-assisted", "ngram": "hf-lookup"}
+PEERS = tuple(COUNTERPART.values())
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str  # none | draft | ngram | hf-generate | hf-assisted | hf-lookup
+    k: int = 0
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name in ("none", "hf-generate") else f"{self.name} k={self.k}"
+
+    @property
+    def ours(self) -> bool:
+        return not self.name.startswith("hf-")
+
+
+@dataclass
+class Record:
+    category: str
+    prompt_id: str
+    method: str  # label
+    name: str
+    k: int
+    seconds: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    target_forwards: int = 0  # the prefill included
+    decode_steps: int = 0
+    draft_forwards: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    proposed_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
+    propose_s: float = 0.0
+    verify_s: float = 0.0
+    accept_s: float = 0.0
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds)
+
+
+def method_list(draft_ks, ngram_ks, peer_ks, with_draft: bool, with_peers: bool) -> list[Method]:
+    methods = [Method("none")]
+    if with_draft:
+        methods += [Method("draft", k) for k in draft_ks]
+    methods += [Method("ngram", k) for k in ngram_ks]
+    if with_peers:
+        methods.append(Method("hf-generate"))
+        if with_draft:
+            methods += [Method("hf-assisted", k) for k in peer_ks["draft"]]
+        methods += [Method("hf-lookup", k) for k in peer_ks["ngram"]]
+    return methods
+
+
+def _run_once(dec: LeapDecoder, peers, m: Method, ids: list[int], max_new: int):
+    """(seconds, tokens, stats or None, target forwards)."""
+    if m.ours:
+        t0 = time.perf_counter()
+        out = dec.generate(ids, method=m.name, k=m.k, max_new_tokens=max_new)
+        return time.perf_counter() - t0, out.token_ids, out.stats, out.stats.target_forwards
+    t0 = time.perf_counter()
+    tokens, forwards = peers.generate(ids, m.name, m.k, max_new)
+    return time.perf_counter() - t0, tokens, None, forwards
+
+
+def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Method],
+        repeats: int, max_new_cap: int | None = None) -> list[Record]:  # fmt: skip
+    torch.set_grad_enabled(False)
+    first = next(iter(sets.values()))[0]
+    warm_ids = dec.encode(first["prompt"])
+    for m in methods:  # warm-up: allocator, oneDNN kernels, caches
+        _run_once(dec, peers, m, warm_ids, 16)
+
+    records: list[Record] = []
+    total = sum(len(rows) for rows in sets.values()) * repeats * len(methods)
+    bar = tqdm(total=total, desc="bench", unit="run")
+    for cat, rows in sets.items():
+        for row in rows:
+            ids = dec.encode(row["prompt"])
+            max_new = row["max_new_tokens"] if max_new_cap is None else min(max_new_cap, row["max_new_tokens"])
+            recs = {m: Record(cat, row["id"], m.label, m.name, m.k) for m in methods}
+            stats_by_rep = {m: [] for m in methods}
+            for rep in range(repeats):
+                shift = rep % len(methods)
+                for m in methods[shift:] + methods[:shift]:
+                    bar.set_postfix_str(f"{cat} {row['id']} {m.label}")
+                    secs, tokens, stats, forwards = _run_once(dec, peers, m, ids, max_new)
+                    r = recs[m]
+                    r.seconds.append(secs)
+                    if rep == 0:
+                        r.tokens, r.target_forwards = tokens, forwards
+                    stats_by_rep[m].append((secs, stats))
+                    bar.update()
+            for m, r in recs.items():
+                _fill_stats(r, stats_by_rep[m])
+                records.append(r)
+    bar.close()
+    return records
+
+
+def _fill_stats(r: Record, runs) -> None:
+    """Counters from the first run (they repeat exactly); time split from the median run."""
+    stats = runs[0][1]
+    if stats is None:
+        r.decode_steps = r.target_forwards - 1
+        return
+    r.decode_steps = stats.decode_steps
+    r.draft_forwards = stats.draft_forwards
+    r.proposed, r.accepted = stats.proposed, stats.accepted
+    r.proposed_by_position = list(stats.proposed_by_position)
+    r.accepted_by_position = list(stats.accepted_by_position)
+    ordered = sorted(runs, key=lambda x: x[0])
+    mid = ordered[len(ordered) // 2][1]
+    r.propose_s, r.verify_s, r.accept_s = mid.propose_s, mid.verify_s, mid.accept_s
+
+
+def measure_costs(dec: LeapDecoder, ks: list[int], context: int = 512, reps: int = 30) -> dict:
+    """Per-forward costs at `context` cached tokens, medians of interleaved repetitions:
+    c = draft one-token forward / target one-token forward, and verify(k+1 tokens) / decode."""
+    torch.set_grad_enabled(False)
+    models = {"target": dec.target} | ({"draft": dec.draft} if dec.draft is not None else {})
+    context = min(context, dec.target.max_context - max(ks, default=1) - 2)
+    slots = torch.tensor([0])
+    prefix = torch.randint(0, dec.target.vocab_size, (1, context))
+    for m in models.values():
+        m.allocate(1, context + max(ks, default=1) + 2)
+        m.forward(prefix, slots)
+    sizes = sorted({1, *(k + 1 for k in ks)})
+    times: dict[tuple[str, int], list[float]] = {}
+    for _ in range(reps):
+        for name, m in models.items():
+            for n in sizes if name == "target" else [1]:
+                x = torch.randint(0, dec.target.vocab_size, (1, n))
+                t0 = time.perf_counter()
+                m.forward(x, slots)
+                times.setdefault((name, n), []).append(time.perf_counter() - t0)
+                m.truncate(slots, torch.tensor([context]))
+    med = {key: statistics.median(v) for key, v in times.items()}
+    decode = med[("target", 1)]
+    return {
+        "context": context,
+        "target_decode_ms": decode * 1e3,
+        "draft_decode_ms": med[("draft", 1)] * 1e3 if "draft" in models else None,
+        "c": med[("draft", 1)] / decode if "draft" in models else None,
+        "verify_over_decode": {str(n - 1): med[("target", n)] / decode for n in sizes if n > 1},
+    }

@@ -1,0 +1,201 @@
+"""The benchmark's prompt sets, built from the embedded models' held-out Python files.
+
+Source: the files of the `validation` split in `<target>/corpus_manifest.json` (the
+standard library of the interpreter the models were trained with). Each file's sha256 is
+checked against the manifest, so a prompt set is reproducible or the build says why not.
+
+Categories (Spec-Bench style, for code):
+- completion: a file's text cut at a line boundary inside a function or class body;
+- revision:   a snippet, an instruction comment (rename an identifier), and the start of
+              the revised snippet; the expected rest of the revision sets max_new_tokens;
+- grounded:   a long module excerpt, then the start of its test file that uses its names;
+- free:       a signature and docstring only, little to copy.
+
+Regenerate: `leapdecode bench prompts` (writes bench/prompts/<category>.jsonl).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import random
+import textwrap
+
+from .. import code_edits
+from ..errors import LeapDecodeError
+
+CATEGORIES = ("completion", "revision", "grounded", "free")
+MAX_NEW_TOKENS = {"completion": 128, "revision": 192, "grounded": 128, "free": 128}
+PROMPT_CHARS = {"completion": 2000, "grounded": 2600}
+
+
+def validation_files(manifest_path: str) -> list[tuple[str, str]]:
+    """(relative path, text) of every non-empty validation file, checked by sha256."""
+    if not os.path.isfile(manifest_path):
+        raise LeapDecodeError(
+            f"{manifest_path!r} not found: pass --target with a model that has a corpus manifest"
+        )
+    with open(manifest_path) as f:
+        manifest = json.load(f)
+    out = []
+    for entry in manifest["files"]:
+        if entry["split"] != "validation" or entry["bytes"] < 200:
+            continue
+        path = os.path.join(manifest["root"], entry["path"])
+        try:
+            data = open(path, "rb").read()
+        except OSError:
+            raise LeapDecodeError(
+                f"{path!r} is missing: the prompts need the corpus the models were trained on "
+                "(keep the committed bench/prompts files instead of regenerating them)"
+            ) from None
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise LeapDecodeError(f"{path!r} differs from the manifest: a different Python build?")
+        out.append((entry["path"], data.decode("utf-8")))
+    return out
+
+
+def _tail(text: str, chars: int) -> str:
+    """The last `chars` characters of text, starting at a line boundary."""
+    if len(text) <= chars:
+        return text
+    cut = text.index("\n", len(text) - chars) + 1
+    return text[cut:]
+
+
+def completion(files, rng: random.Random, n: int) -> list[dict]:
+    cands = []
+    for path, text in files:
+        lines = text.splitlines(keepends=True)
+        for fn in code_edits.functions(ast.parse(text)):
+            body = fn.end_lineno - fn.lineno
+            if body >= 8:
+                # Cut a third of the way into the body, at the end of a line.
+                cut = fn.lineno + max(1, body // 3)
+                cands.append((path, fn.name, "".join(lines[:cut])))
+    return [
+        {"id": f"completion-{i}", "source": f"{p}:{name}", "prompt": _tail(pre, PROMPT_CHARS["completion"])}
+        for i, (p, name, pre) in enumerate(_pick(cands, rng, n))
+    ]
+
+
+def revision(files, rng: random.Random, n: int, tokenizer) -> list[dict]:
+    cands = [(path, *c) for path, text in files for c in code_edits.candidates(text)]
+    out = []
+    for i, (path, name, code, names) in enumerate(_pick(cands, rng, n)):
+        prompt, rest, _ = code_edits.revision(code, names, rng)
+        budget = min(MAX_NEW_TOKENS["revision"], len(tokenizer.encode(rest, add_special_tokens=False)))
+        out.append(
+            {
+                "id": f"revision-{i}",
+                "source": f"{path}:{name}",
+                "prompt": prompt,
+                "expected": rest,
+                "max_new_tokens": budget,
+            }
+        )
+    return out
+
+
+def grounded(files, rng: random.Random, n: int) -> list[dict]:
+    cands = []
+    for path, text in files:
+        tree = ast.parse(text)
+        module = os.path.splitext(os.path.basename(path))[0]
+        lines = text.splitlines(keepends=True)
+        for node in tree.body:
+            if not isinstance(node, ast.ClassDef | ast.FunctionDef) or node.end_lineno is None:
+                continue
+            code = "".join(lines[node.lineno - 1 - len(node.decorator_list) : node.end_lineno])
+            if len(code) < 600:
+                continue
+            code = code[: PROMPT_CHARS["grounded"]]
+            code = code[: code.rindex("\n") + 1]
+            cands.append((path, module, node, code))
+    out = []
+    for i, (path, module, node, code) in enumerate(_pick(cands, rng, n)):
+        if isinstance(node, ast.ClassDef):
+            methods = [m.name for m in node.body if isinstance(m, ast.FunctionDef)]
+            target = next((m for m in methods if not m.startswith("__")), methods[0] if methods else "init")
+            test = (
+                f"class Test{node.name}(unittest.TestCase):\n\n"
+                f"    def test_{target.strip('_')}(self):\n"
+                f"        obj = {node.name}("
+            )
+        else:
+            test = (
+                f"class Test{node.name.title().replace('_', '')}(unittest.TestCase):\n\n"
+                f"    def test_{node.name.strip('_')}(self):\n"
+                f"        result = {node.name}("
+            )
+        prompt = (
+            f"# {module}.py\n{code}\n\n# test_{module}.py\nimport unittest\n"
+            f"from {module} import {node.name}\n\n\n{test}"
+        )
+        out.append({"id": f"grounded-{i}", "source": f"{path}:{node.name}", "prompt": prompt})
+    return out
+
+
+def free(files, rng: random.Random, n: int) -> list[dict]:
+    cands = []
+    for path, text in files:
+        lines = text.splitlines(keepends=True)
+        for fn in code_edits.functions(ast.parse(text)):
+            doc = ast.get_docstring(fn, clean=False)
+            if not doc or not fn.body or fn.body[0].end_lineno is None:
+                continue
+            start = fn.lineno - 1 - len(fn.decorator_list)
+            head = textwrap.dedent("".join(lines[start : fn.body[0].end_lineno]))
+            if len(head) < 2000:
+                cands.append((path, fn.name, head))
+    return [
+        {"id": f"free-{i}", "source": f"{p}:{name}", "prompt": head}
+        for i, (p, name, head) in enumerate(_pick(cands, rng, n))
+    ]
+
+
+def _pick(cands: list, rng: random.Random, n: int) -> list:
+    if len(cands) < n:
+        raise LeapDecodeError(f"only {len(cands)} candidates for {n} prompts: lower --per-category")
+    return rng.sample(cands, n)
+
+
+def build(manifest_path: str, tokenizer, per_category: int = 20, seed: int = 0) -> dict[str, list[dict]]:
+    files = validation_files(manifest_path)
+    sets = {
+        "completion": completion(files, random.Random(seed), per_category),
+        "revision": revision(files, random.Random(seed + 1), per_category, tokenizer),
+        "grounded": grounded(files, random.Random(seed + 2), per_category),
+        "free": free(files, random.Random(seed + 3), per_category),
+    }
+    for cat, rows in sets.items():
+        for row in rows:
+            row.setdefault("max_new_tokens", MAX_NEW_TOKENS[cat])
+    return sets
+
+
+def save(sets: dict[str, list[dict]], out_dir: str) -> list[str]:
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    for cat, rows in sets.items():
+        path = os.path.join(out_dir, f"{cat}.jsonl")
+        with open(path, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+        paths.append(path)
+    return paths
+
+
+def load(prompt_dir: str, categories=CATEGORIES) -> dict[str, list[dict]]:
+    sets = {}
+    for cat in categories:
+        path = os.path.join(prompt_dir, f"{cat}.jsonl")
+        if not os.path.isfile(path):
+            raise LeapDecodeError(
+                f"{path!r} not found: run `leapdecode bench prompts --out {prompt_dir}`"
+            )
+        with open(path) as f:
+            sets[cat] = [json.loads(line) for line in f if line.strip()]
+    return sets

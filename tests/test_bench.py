@@ -1,0 +1,95 @@
+"""`leapdecode bench`: prompt sets reproducible, report arithmetic, a quick end-to-end run."""
+
+import json
+import os
+
+import pytest
+
+from leapdecode.bench import lossless, report, workloads
+from leapdecode.cli import DEFAULT_MODELS, main
+
+TARGET = os.path.join(DEFAULT_MODELS, "leap-code-target")
+DRAFT = os.path.join(DEFAULT_MODELS, "leap-code-draft")
+PROMPTS = os.path.join(os.path.dirname(DEFAULT_MODELS), "bench", "prompts")
+
+
+def test_predicted_speedup_matches_the_paper_formula():
+    # Leviathan et al. 2023, Thm 3.8: (1 - a^(k+1)) / ((1 - a)(k c + 1))
+    assert report.predicted_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8**5) / (0.2 * 1.4))
+    assert report.predicted_speedup(1.0, 4, 0.0) == 5.0
+    assert report.predicted_speedup(0.0, 4, 0.0) == 1.0
+    assert report.predicted_speedup(0.5, 0, 0.3) == 1.0
+
+
+def test_first_difference_and_tie_tolerance():
+    import torch
+
+    assert lossless.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert lossless.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert lossless.first_difference([1, 2], [1, 2, 3]) == 2
+    assert lossless.tie_tolerance(10.0, torch.float32) == 1e-4
+    assert lossless.tie_tolerance(16.0, torch.bfloat16) == pytest.approx(0.25)
+
+
+def test_committed_prompt_sets_regenerate_identically(tmp_path):
+    manifest = os.path.join(TARGET, "corpus_manifest.json")
+    try:
+        workloads.validation_files(manifest)
+    except Exception as e:  # noqa: BLE001
+        pytest.fail(f"the corpus behind the prompts is not on this machine: {e}")
+    assert main(["bench", "prompts", "--out", str(tmp_path)]) == 0
+    for cat in workloads.CATEGORIES:
+        fresh = (tmp_path / f"{cat}.jsonl").read_text()
+        committed = open(os.path.join(PROMPTS, f"{cat}.jsonl")).read()
+        assert fresh == committed, cat
+        rows = [json.loads(line) for line in committed.splitlines()]
+        assert len(rows) >= 20
+        assert all(r["prompt"] and r["max_new_tokens"] >= 1 for r in rows)
+
+
+def test_revision_prompts_hold_the_source_and_the_renamed_signature():
+    for row in workloads.load(PROMPTS, ["revision"])["revision"]:
+        original = row["prompt"].split("# Original:\n", 1)[1].split("\n# Task:", 1)[0]
+        old, new = row["prompt"].split("rename the argument `", 1)[1].split("`; change")[0].split("` to `")
+        signature = row["prompt"].rsplit("# Revised:\n", 1)[1]
+        revised = signature + row["expected"]
+        assert old in original and new not in original
+        assert revised.count(new) >= 2  # every use is renamed; an argument is used twice
+        assert revised.replace(new, old) == original
+
+
+def test_quick_bench_writes_table_json_and_plots(tmp_path, capsys):
+    out = tmp_path / "results"
+    assert main(["bench", "run", "--quick", "--out", str(out)]) == 0
+    data = json.loads((out / "results.json").read_text())
+    cells = data["cells"]
+    names = {c["name"] for c in cells}
+    assert names == {"none", "draft", "ngram", "hf-generate", "hf-assisted", "hf-lookup"}
+    assert {c["category"] for c in cells} == set(workloads.CATEGORIES)
+    for c in cells:
+        assert c["tokens_per_s"] > 0
+        assert c["mismatches"]["non_tie"] == 0, (c["category"], c["method"], c["mismatches"])
+        if c["ours"]:
+            assert c["efficiency"] is not None and c["predicted_speedup"] > 0
+            assert c["speedup_vs_counterpart"] is not None
+            assert abs(sum(c["time_split"][k] for k in ("proposer", "verify_forward", "accept")) - 1) < 1e-6
+    md = (out / "results.md").read_text()
+    assert "| completion | none |" in md and "![speedup_by_category.png]" in md
+    for png in ("speedup_by_category.png", "accepted_vs_k.png", "tokens_per_s_vs_k.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--draft-k", "2,x"], "comma-separated integers"),
+        (["--ngram-k", "0"], "every k must be in 1..64"),
+        (["--categories", "poetry"], "unknown category"),
+        (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--prompts", "/nonexistent"], "leapdecode bench prompts"),
+    ],
+)
+def test_bench_bad_input_is_one_line(capsys, tmp_path, argv, needle):
+    code = main(["bench", "run", "--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and "Traceback" not in err
