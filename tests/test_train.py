@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -101,3 +102,58 @@ def test_killed_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     assert summary["steps"] == 6
     for a, b in zip(straight.state_dict().values(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_selfgen_then_draft_fine_tune_on_the_targets_own_text(tmp_path, data_dir):
+    """`train selfgen` writes prefix + the target's greedy continuation; `train draft --init
+    --tokens` fine-tunes an existing draft on that stream."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from leapdecode import LeapDecoder
+
+    tok, tgt, dr, dr2 = (str(tmp_path / n) for n in ("tok", "target", "draft", "draft2"))
+    common = ["--data", data_dir, "--val-percent", "30"]
+    assert main(["train", "tokenizer", *common, "--vocab-size", "300", "--out", tok]) == 0
+    assert main(["train", "target", *common, "--tokenizer", tok, "--out", tgt,
+                 "--run-dir", str(tmp_path / "run_t"), "--steps", "4", *TINY]) == 0  # fmt: skip
+    assert main(["train", "draft", *common, "--target", tgt, "--out", dr,
+                 "--run-dir", str(tmp_path / "run_d"), "--steps", "2", *TINY]) == 0  # fmt: skip
+    stream = str(tmp_path / "self.npy")
+    assert main(["train", "selfgen", *common, "--target", tgt, "--out", stream, "--samples", "4",
+                 "--batch", "2", "--prefix-tokens", "16", "--new-tokens", "24"]) == 0  # fmt: skip
+    data = np.load(stream)
+    eos = AutoTokenizer.from_pretrained(tgt).eos_token_id
+    docs = np.split(data, np.flatnonzero(data == eos))[1:]
+    assert len(docs) >= 4  # 2 batches of 2 (a continuation may itself end with eos)
+    first = [int(t) for t in docs[0][1:]]
+    dec = LeapDecoder.from_pretrained(tgt)
+    want = dec.generate(first[:16], max_new_tokens=24).token_ids
+    assert first[16:] == want[: len(first) - 16]  # the target's own greedy continuation
+
+    assert main(["train", "draft", *common, "--target", tgt, "--init", dr, "--tokens", stream,
+                 "--out", dr2, "--run-dir", str(tmp_path / "run_d2"), "--steps", "2",
+                 *TINY]) == 0  # fmt: skip
+    summary = json.load(open(os.path.join(dr2, "training_summary.json")))
+    assert summary["init"] == dr and summary["tokens"] == stream
+
+
+def test_revision_documents_stream(data_dir):
+    from transformers import AutoTokenizer
+
+    from leapdecode.cli import DEFAULT_MODELS
+    from leapdecode.train.edits import build_stream
+
+    tok = AutoTokenizer.from_pretrained(os.path.join(DEFAULT_MODELS, "leap-code-target"))
+    files = corpus.scan(data_dir, val_percent=30)
+    stream = build_stream(tok, data_dir, files, docs=5, plain_share=0.5, seed=0)
+    docs = [tok.decode(d) for d in np.split(stream, np.flatnonzero(stream == tok.eos_token_id))[1:]]
+    revisions = [d for d in docs if d.startswith("<|endoftext|># Original:")]
+    assert len(revisions) >= 5 and len(docs) > len(revisions)  # plain files mixed in
+    body = revisions[0].split("# Original:\n", 1)[1]
+    original, rest = body.split("\n# Task: rename the argument `", 1)
+    old, new = rest.split("`; change nothing else.")[0].split("` to `")
+    revised = rest.split("# Revised:\n", 1)[1]
+    assert revised.replace(new, old) == original
+    train_names = {f.path for f in files if f.split == "train"}
+    assert train_names  # documents come from training files only (see edits.py)

@@ -173,7 +173,21 @@ def build(manifest_path: str, tokenizer, per_category: int = 20, seed: int = 0) 
     for cat, rows in sets.items():
         for row in rows:
             row.setdefault("max_new_tokens", MAX_NEW_TOKENS[cat])
+            _end_inside_line(row, tokenizer)
     return sets
+
+
+def _end_inside_line(row: dict, tokenizer) -> None:
+    """A prompt cut after a newline ends on a bare "\n" token, which byte-level BPE rarely
+    produces in the middle of code: a newline merges with the next line's indentation
+    ("\n    "). The model then starts a new top-level statement instead of continuing. So
+    cut before the newline; the expected text (revision) starts with it."""
+    if row["prompt"].endswith("\n"):
+        row["prompt"] = row["prompt"][:-1]
+        if "expected" in row:
+            row["expected"] = "\n" + row["expected"]
+            n = len(tokenizer.encode(row["expected"], add_special_tokens=False))
+            row["max_new_tokens"] = min(MAX_NEW_TOKENS["revision"], n)
 
 
 def save(sets: dict[str, list[dict]], out_dir: str) -> list[str]:

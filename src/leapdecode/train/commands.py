@@ -190,6 +190,11 @@ def _fit(args, tokenizer, kind: str, teacher=None) -> int:
         if not os.path.isfile(args.tokens):
             raise LeapDecodeError(f"{args.tokens!r} not found: make it with `leapdecode train selfgen`")
         train_tokens = np.load(args.tokens)
+    if len(train_tokens) < args.context + 2:
+        raise LeapDecodeError(
+            f"{len(train_tokens)} training tokens cannot fill one window of --context "
+            f"{args.context}: lower --context or give more data"
+        )
     torch.manual_seed(cfg.seed)
     if getattr(args, "init", None):
         model = AutoModelForCausalLM.from_pretrained(args.init, dtype=torch.float32)
