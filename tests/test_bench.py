@@ -50,7 +50,9 @@ def test_committed_prompt_sets_regenerate_identically(tmp_path):
 def test_revision_prompts_hold_the_source_and_the_renamed_signature():
     for row in workloads.load(PROMPTS, ["revision"])["revision"]:
         original = row["prompt"].split("# Original:\n", 1)[1].split("\n# Task:", 1)[0]
-        old, new = row["prompt"].split("rename the argument `", 1)[1].split("`; change")[0].split("` to `")
+        old, new = (
+            row["prompt"].split("rename the argument `", 1)[1].split("`; change")[0].split("` to `")
+        )
         signature = row["prompt"].rsplit("# Revised:\n", 1)[1]
         revised = signature + row["expected"]
         assert old in original and new not in original
@@ -72,7 +74,10 @@ def test_quick_bench_writes_table_json_and_plots(tmp_path, capsys):
         if c["ours"]:
             assert c["efficiency"] is not None and c["predicted_speedup"] > 0
             assert c["speedup_vs_counterpart"] is not None
-            assert abs(sum(c["time_split"][k] for k in ("proposer", "verify_forward", "accept")) - 1) < 1e-6
+            assert (
+                abs(sum(c["time_split"][k] for k in ("proposer", "verify_forward", "accept")) - 1)
+                < 1e-6
+            )
     md = (out / "results.md").read_text()
     assert "| completion | none |" in md and "![speedup_by_category.png]" in md
     for png in ("speedup_by_category.png", "accepted_vs_k.png", "tokens_per_s_vs_k.png"):

@@ -117,6 +117,8 @@ def bad_cases(tmp_path, target_dir, draft_dir, other_draft):
         "non-integer k": (t + ["--k", "two", "x"], "invalid int"),
         "unknown method": (t + ["--method", "magic", "x"], "invalid choice"),
         "cuda on a CPU machine": (t + ["--device", "cuda", "x"], "CUDA"),
+        "draft confidence of one": (t + ["--draft-min-prob", "1", "x"], "draft_min_prob"),
+        "unknown draft dtype": (t + ["--draft-dtype", "int3", "x"], "invalid choice"),
     }
 
 

@@ -69,3 +69,16 @@ def test_transformers_backend_is_lossless_too(target_dir, draft_dir, prompts, re
     outputs = [dec.generate(p, method="draft", k=4, max_new_tokens=MAX_NEW).token_ids
                for p in prompts[:10]]  # fmt: skip
     assert_lossless(prompts[:10], outputs, reference[:10], hf_target)
+
+
+def test_draft_confidence_cut_off_is_lossless_and_drafts_less(
+    decoder, prompts, reference, hf_target
+):
+    full = decoder.generate_batch(prompts, method="draft", k=8, max_new_tokens=MAX_NEW)
+    cut = decoder.generate_batch(
+        prompts, method="draft", k=8, max_new_tokens=MAX_NEW, draft_min_prob=0.6
+    )
+    assert_lossless(prompts, [r.token_ids for r in cut], reference, hf_target)
+    per_step = [sum(r.stats.proposed for r in rs) / sum(r.stats.decode_steps for r in rs)
+                for rs in (full, cut)]  # fmt: skip
+    assert per_step[1] < per_step[0]  # the cut-off shortened some steps' drafts

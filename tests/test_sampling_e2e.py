@@ -107,7 +107,10 @@ def test_exact_distribution_is_spread(exact):
     assert len(exact) >= 4
 
 
-@pytest.mark.parametrize("method,kw", [("none", {}), ("draft", {}), ("ngram", {"ngram_min": 1})])
+@pytest.mark.parametrize(
+    "method,kw",
+    [("none", {}), ("draft", {}), ("draft", {"draft_min_prob": 0.3}), ("ngram", {"ngram_min": 1})],
+)
 def test_first_two_tokens_follow_the_target(decoder, prompt, exact, method, kw):
     results, pairs = sample_pairs(decoder, prompt, method, seed=1000, **kw)
     if method != "none":

@@ -129,7 +129,9 @@ class LeapDecoder:
             return ""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def make_proposer(self, method: str, ngram_min: int = 2, ngram_max: int = 4) -> Proposer:
+    def make_proposer(
+        self, method: str, ngram_min: int = 2, ngram_max: int = 4, draft_min_prob: float = 0.0
+    ) -> Proposer:
         if method == "none":
             return NoProposer()
         if method == "ngram":
@@ -137,7 +139,7 @@ class LeapDecoder:
         if method == "draft":
             if self.draft is None:
                 raise LeapDecodeError("method 'draft' needs a draft model: pass --draft PATH")
-            return DraftModelProposer(self.draft, self.target.vocab_size)
+            return DraftModelProposer(self.draft, self.target.vocab_size, draft_min_prob)
         raise LeapDecodeError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
 
     def _sequences(self, prompts, max_new_tokens, params, stop, stop_token_ids) -> list[Sequence]:
@@ -194,6 +196,7 @@ class LeapDecoder:
         stop_token_ids: list[int] | None = None,
         ngram_min: int = 2,
         ngram_max: int = 4,
+        draft_min_prob: float = 0.0,
     ):
         """Validate the options, build the sequences and the step iterator.
 
@@ -206,7 +209,9 @@ class LeapDecoder:
         if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_K:
             raise LeapDecodeError(f"k must be an integer in 0..{MAX_K}, got {k!r}")
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        proposer = self.make_proposer(method, ngram_min, ngram_max)
+        if not isinstance(draft_min_prob, int | float) or not 0 <= draft_min_prob < 1:
+            raise LeapDecodeError(f"draft_min_prob must be in [0, 1), got {draft_min_prob!r}")
+        proposer = self.make_proposer(method, ngram_min, ngram_max, draft_min_prob)
         seqs = self._sequences(prompts, max_new_tokens, params, stop, stop_token_ids)
         steps = Engine(self.target, proposer).run(seqs, 0 if method == "none" else k)
         return seqs, steps
@@ -222,7 +227,7 @@ class LeapDecoder:
         """Generate for one prompt (text or token ids).
 
         Options: method (none | draft | ngram), k, max_new_tokens, temperature, top_p, top_k,
-        seed, stop, stop_token_ids, ngram_min, ngram_max; see the README.
+        seed, stop, stop_token_ids, ngram_min, ngram_max, draft_min_prob; see the README.
         """
         return self.generate_batch([prompt], **kwargs)[0]
 

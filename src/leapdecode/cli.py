@@ -34,8 +34,16 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="native", choices=["native", "transformers"])
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
         help="weights' dtype (default auto: the checkpoint's own, from config.json)",
+    )
+    p.add_argument(
+        "--draft-dtype",
+        default=None,
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="the draft's dtype (default: the same as --dtype)",
     )
 
 
@@ -50,6 +58,13 @@ def _add_generation_args(p: argparse.ArgumentParser, method_default: str) -> Non
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--ngram-min", type=int, default=2, help="shortest n-gram to match (ngram)")
     p.add_argument("--ngram-max", type=int, default=4, help="longest n-gram to match (ngram)")
+    p.add_argument(
+        "--draft-min-prob",
+        type=float,
+        default=0.0,
+        help="draft: stop a step's drafting once the draft's own top probability falls below "
+        "this (0 = always draft k)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,8 +153,9 @@ def cmd_generate(args) -> int:
     prompts = read_prompts(args)
     target, draft = _resolve_models(args)
     decoder = LeapDecoder.from_pretrained(
-        target, draft=draft, backend=args.backend, device=args.device, dtype=args.dtype
-    )
+        target, draft=draft, backend=args.backend, device=args.device, dtype=args.dtype,
+        draft_dtype=args.draft_dtype,
+    )  # fmt: skip
     for prompt in prompts:
         result = decoder.generate(
             prompt,
@@ -153,6 +169,7 @@ def cmd_generate(args) -> int:
             stop=args.stop,
             ngram_min=args.ngram_min,
             ngram_max=args.ngram_max,
+            draft_min_prob=args.draft_min_prob,
         )
         if args.json:
             print(json.dumps(result.as_dict()), flush=True)

@@ -65,7 +65,9 @@ def renamable_args(fn: ast.FunctionDef, code: str) -> list[str]:
     return [x for x in names if len(x) > 1 and sum(1 for _ in name_uses(code, x)) >= 2]
 
 
-def candidates(text: str, min_lines: int = 6, max_lines: int = 30) -> list[tuple[str, str, list[str]]]:
+def candidates(
+    text: str, min_lines: int = 6, max_lines: int = 30
+) -> list[tuple[str, str, list[str]]]:
     """(function name, snippet, renamable arguments) for each suitable def in a file."""
     try:
         tree = ast.parse(text)

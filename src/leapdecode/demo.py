@@ -21,8 +21,9 @@ def count_lines(path):
 
 
 def count_words(path):
-    """Return the number of words in the file at path."""
-'''
+    """Return the number of words in the file at path."""'''
+# The prompt ends inside the line: a trailing newline would be a lone "\n" token, which
+# byte-level BPE merges with the next line's indent in real code.
 
 FALLBACK_DIR = os.path.join(os.path.expanduser("~"), ".cache", "leapdecode", "demo-pair")
 
@@ -76,7 +77,8 @@ def run_demo(args) -> int:
     prompt = args.prompt or DEMO_PROMPT
     console.print(f"target [bold]{target}[/bold]\ndraft  [bold]{draft}[/bold]")
     dec = LeapDecoder.from_pretrained(target, draft=draft, backend=args.backend,
-                                      device=args.device, dtype=args.dtype)  # fmt: skip
+                                      device=args.device, dtype=args.dtype,
+                                      draft_dtype=args.draft_dtype)  # fmt: skip
     methods = [("none", 0), ("draft", args.k), ("ngram", args.k)]
     dec.generate(prompt, method="none", max_new_tokens=8)  # warm-up
     runs = {m: [] for m, _ in methods}

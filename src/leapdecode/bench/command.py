@@ -36,8 +36,9 @@ def add_parsers(sub, model_args) -> None:
 
     run = what.add_parser("run", help="run every method and peer; write table, JSON and plots")
     model_args(run)
-    run.add_argument("--draft-dtype", default="float32",
-                     help="the draft's dtype (default float32: fastest for a tiny draft on CPU)")  # fmt: skip
+    run.set_defaults(draft_dtype="float32")  # a tiny draft runs fastest in float32 on CPU
+    run.add_argument("--draft-min-prob", type=float, default=0.0,
+                     help="draft confidence cut-off, ours and assisted generation's alike")  # fmt: skip
     run.add_argument("--prompts", default=PROMPTS, help="folder of <category>.jsonl files")
     run.add_argument("--out", default=os.path.join("bench", "results"))
     run.add_argument("--categories", default="completion,revision,grounded,free")
@@ -45,8 +46,12 @@ def add_parsers(sub, model_args) -> None:
     run.add_argument("--repeats", type=int, default=3, help="timed rounds per prompt (median)")
     run.add_argument("--draft-k", default="2,3,4,6")
     run.add_argument("--ngram-k", default="4,8,16")
-    run.add_argument("--peer-draft-k", default=None, help="k for assisted generation (default: --draft-k)")
-    run.add_argument("--peer-ngram-k", default=None, help="k for prompt lookup (default: --ngram-k)")
+    run.add_argument(
+        "--peer-draft-k", default=None, help="k for assisted generation (default: --draft-k)"
+    )
+    run.add_argument(
+        "--peer-ngram-k", default=None, help="k for prompt lookup (default: --ngram-k)"
+    )
     run.add_argument("--no-peers", action="store_true", help="skip the transformers peers")
     run.add_argument("--quick", action="store_true",
                      help="smoke run: 2 prompts a category, 32 tokens, one round, one k each")  # fmt: skip
@@ -64,7 +69,9 @@ def cmd_prompts(args) -> int:
     if args.per_category < 1:
         raise LeapDecodeError("--per-category must be >= 1")
     tok = AutoTokenizer.from_pretrained(target)
-    sets = workloads.build(os.path.join(target, "corpus_manifest.json"), tok, args.per_category, args.seed)
+    sets = workloads.build(
+        os.path.join(target, "corpus_manifest.json"), tok, args.per_category, args.seed
+    )
     for path in workloads.save(sets, args.out):
         print(path)
     return 0
@@ -86,7 +93,9 @@ def cmd_run(args) -> int:
     cats = [c.strip() for c in args.categories.split(",") if c.strip()]
     bad = [c for c in cats if c not in workloads.CATEGORIES]
     if bad or not cats:
-        raise LeapDecodeError(f"unknown category {bad[0] if bad else ''!r}: use {', '.join(workloads.CATEGORIES)}")
+        raise LeapDecodeError(
+            f"unknown category {bad[0] if bad else ''!r}: use {', '.join(workloads.CATEGORIES)}"
+        )
     if args.repeats < 1:
         raise LeapDecodeError("--repeats must be >= 1")
     draft_ks, ngram_ks = _ks(args.draft_k, "--draft-k"), _ks(args.ngram_k, "--ngram-k")
@@ -112,7 +121,9 @@ def cmd_run(args) -> int:
     methods = runner.method_list(draft_ks, ngram_ks, peer_ks, draft is not None, peers is not None)
     costs = runner.measure_costs(dec, sorted(set(draft_ks + ngram_ks)))
     t0 = time.perf_counter()
-    records = runner.run(dec, peers, sets, methods, repeats, cap)
+    if not 0 <= args.draft_min_prob < 1:
+        raise LeapDecodeError("--draft-min-prob must be in [0, 1)")
+    records = runner.run(dec, peers, sets, methods, repeats, cap, args.draft_min_prob)
     elapsed = time.perf_counter() - t0
 
     prompts = {row["id"]: dec.encode(row["prompt"]) for rows in sets.values() for row in rows}
@@ -148,6 +159,7 @@ def _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed) -> dict:
         f"`{draft}` ({str(dec.draft.dtype).replace('torch.', '') if dec.draft else '-'}); greedy; "
         f"{sum(len(v) for v in sets.values())} prompts ({', '.join(f'{k}: {len(v)}' for k, v in sets.items())}); "
         f"median of {repeats} interleaved rounds after a warm-up"
+        + (f"; draft confidence cut-off {args.draft_min_prob}" if args.draft_min_prob else "")
         + (f"; max_new_tokens capped at {cap}" if cap else "")
         + f"; {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
         f"torch {torch.__version__}; run took {elapsed / 60:.1f} min."
@@ -157,6 +169,7 @@ def _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed) -> dict:
         "setup": setup, "costs": costs, "costs_line": cost_line,
         "target": target, "draft": draft, "repeats": repeats, "max_new_tokens_cap": cap,
         "quick": args.quick, "seconds": elapsed, "torch": torch.__version__,
+        "draft_min_prob": args.draft_min_prob,
     }  # fmt: skip
 
 
@@ -176,7 +189,9 @@ def _summary(cells) -> None:
         row = []
         for cat in cats:
             b = best(cells, cat, name)
-            row.append("-" if b is None else f"{b['tokens_per_s']:.0f} ({b['speedup_vs_none']:.2f}x)")
+            row.append(
+                "-" if b is None else f"{b['tokens_per_s']:.0f} ({b['speedup_vs_none']:.2f}x)"
+            )
         table.add_row(name, *row)
     Console().print(table)
 

@@ -29,7 +29,9 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def check(records: list[Record], logits_fn, dtype: torch.dtype, prompts: dict[str, list[int]]) -> dict:
+def check(
+    records: list[Record], logits_fn, dtype: torch.dtype, prompts: dict[str, list[int]]
+) -> dict:
     """{(category, method): {"non_tie": n, "tie": n, "details": [...]}} over mismatching prompts.
 
     logits_fn(ours: bool, ids) -> the reference model's next-token logits [V] after ids."""

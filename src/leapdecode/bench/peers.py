@@ -2,7 +2,8 @@
 
 - `hf-generate`:  `generate()` greedy, the baseline most users know;
 - `hf-assisted`:  `generate(assistant_model=draft)`, assisted generation, k drafts a step
-                  (constant schedule, no confidence cut-off, so k means the same as ours);
+                  (constant schedule, and the same confidence cut-off as ours, none by
+                  default, so k means the same);
 - `hf-lookup`:    `generate(prompt_lookup_num_tokens=k)`, prompt lookup decoding.
 
 Each run counts the target's forward passes (a forward hook), so tokens per target forward
@@ -33,7 +34,9 @@ class HFPeers:
         self.forwards += 1
 
     @torch.inference_mode()
-    def generate(self, ids: list[int], method: str, k: int, max_new_tokens: int) -> tuple[list[int], int]:
+    def generate(
+        self, ids: list[int], method: str, k: int, max_new_tokens: int, min_prob: float = 0.0
+    ) -> tuple[list[int], int]:
         """Greedy tokens after the prompt, and the target forwards it took."""
         x = torch.tensor([ids])
         kwargs = dict(
@@ -43,7 +46,7 @@ class HFPeers:
         if method == "hf-assisted":
             kwargs.update(
                 assistant_model=self.draft, num_assistant_tokens=k,
-                num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0,
+                num_assistant_tokens_schedule="constant", assistant_confidence_threshold=min_prob,
             )  # fmt: skip
         elif method == "hf-lookup":
             kwargs.update(prompt_lookup_num_tokens=k)

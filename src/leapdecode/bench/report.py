@@ -57,6 +57,11 @@ def aggregate(records: list[Record], costs: dict, mismatches: dict) -> list[dict
                 predicted_speedup(alpha, r0.k, c) if ours and alpha is not None and c is not None
                 else (1.0 if r0.name == "none" else None)
             ),
+            "ms_per_step": {
+                "proposer": 1e3 * sum(r.propose_s for r in rs) / steps,
+                "verify_forward": 1e3 * sum(r.verify_s for r in rs) / steps,
+                "accept": 1e3 * sum(r.accept_s for r in rs) / steps,
+            } if ours and steps else None,
             "time_split": {
                 "proposer": sum(r.propose_s for r in rs) / decode,
                 "verify_forward": sum(r.verify_s for r in rs) / decode,
@@ -73,13 +78,19 @@ def aggregate(records: list[Record], costs: dict, mismatches: dict) -> list[dict
         cell["speedup_vs_hf_generate"] = cell["tokens_per_s"] / hf["tokens_per_s"] if hf else None
         pred = cell["predicted_speedup"]
         cell["efficiency"] = (
-            cell["speedup_vs_none"] / pred if cell["ours"] and pred and cell["speedup_vs_none"] else None
+            cell["speedup_vs_none"] / pred
+            if cell["ours"] and pred and cell["speedup_vs_none"]
+            else None
         )
         if cell["ours"]:
-            peer_label = COUNTERPART[cell["name"]] + ("" if cell["name"] == "none" else f" k={cell['k']}")
+            peer_label = COUNTERPART[cell["name"]] + (
+                "" if cell["name"] == "none" else f" k={cell['k']}"
+            )
             peer = by_key.get((cell["category"], peer_label))
             cell["counterpart"] = peer_label if peer else None
-            cell["speedup_vs_counterpart"] = cell["tokens_per_s"] / peer["tokens_per_s"] if peer else None
+            cell["speedup_vs_counterpart"] = (
+                cell["tokens_per_s"] / peer["tokens_per_s"] if peer else None
+            )
     return cells
 
 
@@ -103,27 +114,41 @@ def markdown(cells: list[dict], meta: dict) -> str:
         row = []
         for cat in cats:
             b = best(cells, cat, name)
-            row.append("–" if b is None else f"{b['tokens_per_s']:.0f} tok/s, {b['speedup_vs_none']:.2f}x"
-                       + ("" if b["name"] in ("none", "hf-generate") else f" (k={b['k']})"))
+            row.append(
+                "–"
+                if b is None
+                else f"{b['tokens_per_s']:.0f} tok/s, {b['speedup_vs_none']:.2f}x"
+                + ("" if b["name"] in ("none", "hf-generate") else f" (k={b['k']})")
+            )
         lines.append(f"| {name} | " + " | ".join(row) + " |")
     lines += [
         "", "## Every cell", "",
         "tok/fwd = tokens per target decode forward (its own token included); alpha = accepted / "
         "proposed draft tokens; by position = acceptance of draft 1, 2, 3, 4; pred = "
         "(1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)); eff = measured / pred; split = share of "
-        "decode time in proposer / verify forward / accept; mism = mismatching prompts vs the "
-        "reference (non-tie + tie).", "",
+        "decode time in proposer / verify forward / accept; ms/step = the same in milliseconds per "
+        "decode step; mism = mismatching prompts vs the reference (non-tie + tie).", "",
         "| category | method | tok/s | x none | x HF generate | x HF counterpart | tok/fwd | fwd/token "
-        "| alpha | by position | pred | eff | split | mism |",
-        "|---" * 14 + "|",
+        "| alpha | by position | pred | eff | split | ms/step | mism |",
+        "|---" * 15 + "|",
     ]  # fmt: skip
     for cat in cats:
         for c in [c for c in cells if c["category"] == cat]:
             pos = c["acceptance_by_position"]
             pos_s = "–" if not pos else " ".join(_f(p) for p in pos[:4])
             split = c["time_split"]
-            split_s = "–" if not split else (
-                f"{split['proposer']:.0%} / {split['verify_forward']:.0%} / {split['accept']:.0%}"
+            split_s = (
+                "–"
+                if not split
+                else (
+                    f"{split['proposer']:.0%} / {split['verify_forward']:.0%} / {split['accept']:.0%}"
+                )
+            )
+            ms = c["ms_per_step"]
+            ms_s = (
+                "–"
+                if not ms
+                else (f"{ms['proposer']:.2f} / {ms['verify_forward']:.2f} / {ms['accept']:.2f}")
             )
             m = c["mismatches"]
             lines.append(
@@ -131,7 +156,7 @@ def markdown(cells: list[dict], meta: dict) -> str:
                 f"| {_f(c['speedup_vs_hf_generate'])} | {_f(c.get('speedup_vs_counterpart'))} "
                 f"| {_f(c['mean_accepted_tokens'])} | {_f(c['target_forwards_per_token'], '.3f')} "
                 f"| {_f(c['acceptance_rate'])} | {pos_s} | {_f(c['predicted_speedup'])} "
-                f"| {_f(c['efficiency'])} | {split_s} | {m['non_tie']} + {m['tie']} |"
+                f"| {_f(c['efficiency'])} | {split_s} | {ms_s} | {m['non_tie']} + {m['tie']} |"
             )
     lines += ["", meta.get("costs_line", ""), ""]
     return "\n".join(lines)
@@ -198,7 +223,10 @@ def _save(fig, out_dir: str, name: str) -> str:
 
 def write(cells: list[dict], meta: dict, out_dir: str) -> dict[str, str]:
     os.makedirs(out_dir, exist_ok=True)
-    paths = {"json": os.path.join(out_dir, "results.json"), "markdown": os.path.join(out_dir, "results.md")}
+    paths = {
+        "json": os.path.join(out_dir, "results.json"),
+        "markdown": os.path.join(out_dir, "results.md"),
+    }
     with open(paths["json"], "w") as f:
         json.dump({"meta": meta, "cells": cells}, f, indent=1)
     pngs = plots(cells, out_dir)

@@ -73,24 +73,26 @@ def method_list(draft_ks, ngram_ks, peer_ks, with_draft: bool, with_peers: bool)
     return methods
 
 
-def _run_once(dec: LeapDecoder, peers, m: Method, ids: list[int], max_new: int):
+def _run_once(dec: LeapDecoder, peers, m: Method, ids: list[int], max_new: int, min_prob: float):
     """(seconds, tokens, stats or None, target forwards)."""
     if m.ours:
         t0 = time.perf_counter()
-        out = dec.generate(ids, method=m.name, k=m.k, max_new_tokens=max_new)
+        out = dec.generate(
+            ids, method=m.name, k=m.k, max_new_tokens=max_new, draft_min_prob=min_prob
+        )
         return time.perf_counter() - t0, out.token_ids, out.stats, out.stats.target_forwards
     t0 = time.perf_counter()
-    tokens, forwards = peers.generate(ids, m.name, m.k, max_new)
+    tokens, forwards = peers.generate(ids, m.name, m.k, max_new, min_prob)
     return time.perf_counter() - t0, tokens, None, forwards
 
 
 def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Method],
-        repeats: int, max_new_cap: int | None = None) -> list[Record]:  # fmt: skip
+        repeats: int, max_new_cap: int | None = None, draft_min_prob: float = 0.0) -> list[Record]:  # fmt: skip
     torch.set_grad_enabled(False)
     first = next(iter(sets.values()))[0]
     warm_ids = dec.encode(first["prompt"])
     for m in methods:  # warm-up: allocator, oneDNN kernels, caches
-        _run_once(dec, peers, m, warm_ids, 16)
+        _run_once(dec, peers, m, warm_ids, 16, draft_min_prob)
 
     records: list[Record] = []
     total = sum(len(rows) for rows in sets.values()) * repeats * len(methods)
@@ -98,14 +100,20 @@ def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Meth
     for cat, rows in sets.items():
         for row in rows:
             ids = dec.encode(row["prompt"])
-            max_new = row["max_new_tokens"] if max_new_cap is None else min(max_new_cap, row["max_new_tokens"])
+            max_new = (
+                row["max_new_tokens"]
+                if max_new_cap is None
+                else min(max_new_cap, row["max_new_tokens"])
+            )
             recs = {m: Record(cat, row["id"], m.label, m.name, m.k) for m in methods}
             stats_by_rep = {m: [] for m in methods}
             for rep in range(repeats):
                 shift = rep % len(methods)
                 for m in methods[shift:] + methods[:shift]:
                     bar.set_postfix_str(f"{cat} {row['id']} {m.label}")
-                    secs, tokens, stats, forwards = _run_once(dec, peers, m, ids, max_new)
+                    secs, tokens, stats, forwards = _run_once(
+                        dec, peers, m, ids, max_new, draft_min_prob
+                    )
                     r = recs[m]
                     r.seconds.append(secs)
                     if rep == 0:

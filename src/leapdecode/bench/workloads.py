@@ -76,7 +76,11 @@ def completion(files, rng: random.Random, n: int) -> list[dict]:
                 cut = fn.lineno + max(1, body // 3)
                 cands.append((path, fn.name, "".join(lines[:cut])))
     return [
-        {"id": f"completion-{i}", "source": f"{p}:{name}", "prompt": _tail(pre, PROMPT_CHARS["completion"])}
+        {
+            "id": f"completion-{i}",
+            "source": f"{p}:{name}",
+            "prompt": _tail(pre, PROMPT_CHARS["completion"]),
+        }
         for i, (p, name, pre) in enumerate(_pick(cands, rng, n))
     ]
 
@@ -86,7 +90,9 @@ def revision(files, rng: random.Random, n: int, tokenizer) -> list[dict]:
     out = []
     for i, (path, name, code, names) in enumerate(_pick(cands, rng, n)):
         prompt, rest, _ = code_edits.revision(code, names, rng)
-        budget = min(MAX_NEW_TOKENS["revision"], len(tokenizer.encode(rest, add_special_tokens=False)))
+        budget = min(
+            MAX_NEW_TOKENS["revision"], len(tokenizer.encode(rest, add_special_tokens=False))
+        )
         out.append(
             {
                 "id": f"revision-{i}",
@@ -118,7 +124,9 @@ def grounded(files, rng: random.Random, n: int) -> list[dict]:
     for i, (path, module, node, code) in enumerate(_pick(cands, rng, n)):
         if isinstance(node, ast.ClassDef):
             methods = [m.name for m in node.body if isinstance(m, ast.FunctionDef)]
-            target = next((m for m in methods if not m.startswith("__")), methods[0] if methods else "init")
+            target = next(
+                (m for m in methods if not m.startswith("__")), methods[0] if methods else "init"
+            )
             test = (
                 f"class Test{node.name}(unittest.TestCase):\n\n"
                 f"    def test_{target.strip('_')}(self):\n"
@@ -162,7 +170,9 @@ def _pick(cands: list, rng: random.Random, n: int) -> list:
     return rng.sample(cands, n)
 
 
-def build(manifest_path: str, tokenizer, per_category: int = 20, seed: int = 0) -> dict[str, list[dict]]:
+def build(
+    manifest_path: str, tokenizer, per_category: int = 20, seed: int = 0
+) -> dict[str, list[dict]]:
     files = validation_files(manifest_path)
     sets = {
         "completion": completion(files, random.Random(seed), per_category),

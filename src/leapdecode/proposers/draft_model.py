@@ -19,9 +19,15 @@ from .base import Drafts, Proposer
 class DraftModelProposer(Proposer):
     name = "draft"
 
-    def __init__(self, model: CausalLM, target_vocab_size: int) -> None:
+    def __init__(
+        self, model: CausalLM, target_vocab_size: int, min_confidence: float = 0.0
+    ) -> None:
+        """min_confidence: stop drafting once every row's next draft token has a draft
+        probability below it (0 = always draft k). The cut-off depends on the draft alone,
+        so the output stays the target's (greedy and sampled)."""
         self.model = model
         self.vocab = target_vocab_size
+        self.min_confidence = min_confidence
         self.fed: dict[int, int] = {}
         self.fed_drafts: dict[int, int] = {}
 
@@ -85,8 +91,12 @@ class DraftModelProposer(Proposer):
             tok, q = self._choose(active, logits)  # [n], [n, V] | None
             tokens.append(tok)
             probs.append(q)
-            if step < k - 1:
-                logits = self._forward(active, tok[:, None].cpu())
+            if step == k - 1:
+                break
+            if self.min_confidence > 0 and not self._confident(logits, q):
+                break
+            logits = self._forward(active, tok[:, None].cpu())
+        k = len(tokens)
         for s in active:
             self.fed_drafts[s.id] = k - 1  # drafts now in the draft cache after seq.tokens
 
@@ -99,6 +109,11 @@ class DraftModelProposer(Proposer):
             q_all = torch.zeros(len(seqs), k, self.vocab, device=probs[0].device)
             q_all[torch.tensor(rows, device=q_all.device)] = torch.stack(probs, dim=1)
         return Drafts(out, counts, q_all)
+
+    def _confident(self, logits: torch.Tensor, q: torch.Tensor | None) -> bool:
+        """Is any row's latest draft token at least min_confidence likely under the draft?"""
+        dist = q if q is not None else torch.softmax(logits.float(), dim=-1)  # [n, V]
+        return bool((dist.max(dim=-1).values >= self.min_confidence).any())
 
     def accepted(self, seqs: list[Sequence], n_accepted: list[int]) -> None:
         slots, lens = [], []

@@ -188,7 +188,9 @@ def _fit(args, tokenizer, kind: str, teacher=None) -> int:
     val_tokens = load_or_encode(tokenizer, root, files, "validation", run_dir)
     if getattr(args, "tokens", None):
         if not os.path.isfile(args.tokens):
-            raise LeapDecodeError(f"{args.tokens!r} not found: make it with `leapdecode train selfgen`")
+            raise LeapDecodeError(
+                f"{args.tokens!r} not found: make it with `leapdecode train selfgen`"
+            )
         train_tokens = np.load(args.tokens)
     if len(train_tokens) < args.context + 2:
         raise LeapDecodeError(

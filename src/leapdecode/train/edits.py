@@ -17,7 +17,9 @@ from .. import code_edits
 from . import corpus
 
 
-def build_stream(tokenizer, root: str, files, docs: int, plain_share: float, seed: int) -> np.ndarray:
+def build_stream(
+    tokenizer, root: str, files, docs: int, plain_share: float, seed: int
+) -> np.ndarray:
     """Token stream: `docs` revision documents and plain training files making up about
     `plain_share` of the tokens, shuffled, each preceded by <eos>."""
     rng = random.Random(seed)
