@@ -15,6 +15,7 @@ from .errors import LeapDecodeError
 from .metrics import RequestStats
 from .models import CausalLM, load_model
 from .proposers import DraftModelProposer, NgramProposer, NoProposer, Proposer
+from .proposers.draft_model import read_vocab_ranking
 from .sampling import SamplingParams
 from .sequence import Sequence
 
@@ -70,9 +71,17 @@ class LeapDecoder:
     >>> out.text, out.stats.mean_accepted_tokens
     """
 
-    def __init__(self, target: CausalLM, tokenizer, eos_token_ids, draft: CausalLM | None = None):
+    def __init__(
+        self,
+        target: CausalLM,
+        tokenizer,
+        eos_token_ids,
+        draft: CausalLM | None = None,
+        draft_vocab_ranking: dict | None = None,
+    ):
         self.target = target
         self.draft = draft
+        self.draft_vocab_ranking = draft_vocab_ranking  # see proposers/draft_model.py
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
 
@@ -94,7 +103,10 @@ class LeapDecoder:
         if draft is not None:
             draft_model = load_model(draft, backend, device, draft_dtype or dtype, what="draft")
             _check_same_vocab(target, tokenizer, draft)
-        return cls(target_model, tokenizer, _eos_ids(target, target_model.config), draft_model)
+        ranking = read_vocab_ranking(draft)
+        return cls(
+            target_model, tokenizer, _eos_ids(target, target_model.config), draft_model, ranking
+        )
 
     # ----------------------------------------------------------------- helpers
     def encode(self, prompt: str | Seq[int]) -> list[int]:
@@ -129,8 +141,34 @@ class LeapDecoder:
             return ""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def _draft_head(self, draft_vocab: int | None) -> None:
+        """Give the draft the `draft_vocab` most frequent tokens only (None: the draft
+        folder's recommendation, if it has a ranking; 0: the whole vocabulary)."""
+        ranking = self.draft_vocab_ranking
+        n = (ranking or {}).get("recommended", 0) if draft_vocab is None else draft_vocab
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise LeapDecodeError(f"draft_vocab must be an integer >= 0, got {n!r}")
+        if n and ranking is None:
+            raise LeapDecodeError(
+                "draft_vocab needs a token ranking (draft_vocab.json) in the draft folder: "
+                "`leapdecode train draft` writes one; or pass draft_vocab=0"
+            )
+        if n == 0 or n >= self.target.vocab_size:
+            if self.draft.head_ids is not None:
+                self.draft.restrict_head(None)
+            return
+        head = self.draft.head_ids
+        if head is None or len(head) != n:
+            ids = torch.tensor(sorted(ranking["ranked_token_ids"][:n]), dtype=torch.long)
+            self.draft.restrict_head(ids)
+
     def make_proposer(
-        self, method: str, ngram_min: int = 2, ngram_max: int = 4, draft_min_prob: float = 0.0
+        self,
+        method: str,
+        ngram_min: int = 2,
+        ngram_max: int = 4,
+        draft_min_prob: float = 0.0,
+        draft_vocab: int | None = None,
     ) -> Proposer:
         if method == "none":
             return NoProposer()
@@ -139,6 +177,7 @@ class LeapDecoder:
         if method == "draft":
             if self.draft is None:
                 raise LeapDecodeError("method 'draft' needs a draft model: pass --draft PATH")
+            self._draft_head(draft_vocab)
             return DraftModelProposer(self.draft, self.target.vocab_size, draft_min_prob)
         raise LeapDecodeError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
 
@@ -197,6 +236,7 @@ class LeapDecoder:
         ngram_min: int = 2,
         ngram_max: int = 4,
         draft_min_prob: float = 0.0,
+        draft_vocab: int | None = None,
     ):
         """Validate the options, build the sequences and the step iterator.
 
@@ -211,7 +251,7 @@ class LeapDecoder:
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         if not isinstance(draft_min_prob, int | float) or not 0 <= draft_min_prob < 1:
             raise LeapDecodeError(f"draft_min_prob must be in [0, 1), got {draft_min_prob!r}")
-        proposer = self.make_proposer(method, ngram_min, ngram_max, draft_min_prob)
+        proposer = self.make_proposer(method, ngram_min, ngram_max, draft_min_prob, draft_vocab)
         seqs = self._sequences(prompts, max_new_tokens, params, stop, stop_token_ids)
         steps = Engine(self.target, proposer).run(seqs, 0 if method == "none" else k)
         return seqs, steps
@@ -227,7 +267,8 @@ class LeapDecoder:
         """Generate for one prompt (text or token ids).
 
         Options: method (none | draft | ngram), k, max_new_tokens, temperature, top_p, top_k,
-        seed, stop, stop_token_ids, ngram_min, ngram_max, draft_min_prob; see the README.
+        seed, stop, stop_token_ids, ngram_min, ngram_max, draft_min_prob, draft_vocab;
+        see the README.
         """
         return self.generate_batch([prompt], **kwargs)[0]
 

@@ -65,6 +65,13 @@ def _add_generation_args(p: argparse.ArgumentParser, method_default: str) -> Non
         help="draft: stop a step's drafting once the draft's own top probability falls below "
         "this (0 = always draft k)",
     )
+    p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        help="draft: propose only the N most frequent tokens (default: the draft folder's "
+        "draft_vocab.json recommendation, if any; 0 = the whole vocabulary)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -170,6 +177,7 @@ def cmd_generate(args) -> int:
             ngram_min=args.ngram_min,
             ngram_max=args.ngram_max,
             draft_min_prob=args.draft_min_prob,
+            draft_vocab=args.draft_vocab,
         )
         if args.json:
             print(json.dumps(result.as_dict()), flush=True)

@@ -37,6 +37,12 @@ def add_parsers(sub, model_args) -> None:
     run = what.add_parser("run", help="run every method and peer; write table, JSON and plots")
     model_args(run)
     run.set_defaults(draft_dtype="float32")  # a tiny draft runs fastest in float32 on CPU
+    run.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        help="our draft's head: N most frequent tokens (default: the draft folder's)",
+    )
     run.add_argument("--draft-min-prob", type=float, default=0.0,
                      help="draft confidence cut-off, ours and assisted generation's alike")  # fmt: skip
     run.add_argument("--prompts", default=PROMPTS, help="folder of <category>.jsonl files")
@@ -123,7 +129,9 @@ def cmd_run(args) -> int:
     t0 = time.perf_counter()
     if not 0 <= args.draft_min_prob < 1:
         raise LeapDecodeError("--draft-min-prob must be in [0, 1)")
-    records = runner.run(dec, peers, sets, methods, repeats, cap, args.draft_min_prob)
+    records = runner.run(
+        dec, peers, sets, methods, repeats, cap, args.draft_min_prob, args.draft_vocab
+    )
     elapsed = time.perf_counter() - t0
 
     prompts = {row["id"]: dec.encode(row["prompt"]) for rows in sets.values() for row in rows}

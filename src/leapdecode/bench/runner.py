@@ -73,7 +73,7 @@ def method_list(draft_ks, ngram_ks, peer_ks, with_draft: bool, with_peers: bool)
     return methods
 
 
-def _run_once(dec: LeapDecoder, peers, m: Method, ids: list[int], max_new: int, min_prob: float):
+def _run_once(dec: LeapDecoder, peers, m: Method, ids, max_new: int, min_prob: float, vocab=None):
     """(seconds, tokens, stats or None, target forwards)."""
     if m.ours:
         t0 = time.perf_counter()
@@ -86,13 +86,14 @@ def _run_once(dec: LeapDecoder, peers, m: Method, ids: list[int], max_new: int, 
     return time.perf_counter() - t0, tokens, None, forwards
 
 
+@torch.no_grad()
 def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Method],
-        repeats: int, max_new_cap: int | None = None, draft_min_prob: float = 0.0) -> list[Record]:  # fmt: skip
-    torch.set_grad_enabled(False)
+        repeats: int, max_new_cap: int | None = None, draft_min_prob: float = 0.0,
+        draft_vocab: int | None = None) -> list[Record]:  # fmt: skip
     first = next(iter(sets.values()))[0]
     warm_ids = dec.encode(first["prompt"])
     for m in methods:  # warm-up: allocator, oneDNN kernels, caches
-        _run_once(dec, peers, m, warm_ids, 16, draft_min_prob)
+        _run_once(dec, peers, m, warm_ids, 16, draft_min_prob, draft_vocab)
 
     records: list[Record] = []
     total = sum(len(rows) for rows in sets.values()) * repeats * len(methods)
@@ -143,10 +144,10 @@ def _fill_stats(r: Record, runs) -> None:
     r.propose_s, r.verify_s, r.accept_s = mid.propose_s, mid.verify_s, mid.accept_s
 
 
+@torch.no_grad()
 def measure_costs(dec: LeapDecoder, ks: list[int], context: int = 512, reps: int = 30) -> dict:
     """Per-forward costs at `context` cached tokens, medians of interleaved repetitions:
     c = draft one-token forward / target one-token forward, and verify(k+1 tokens) / decode."""
-    torch.set_grad_enabled(False)
     models = {"target": dec.target} | ({"draft": dec.draft} if dec.draft is not None else {})
     context = min(context, dec.target.max_context - max(ks, default=1) - 2)
     slots = torch.tensor([0])

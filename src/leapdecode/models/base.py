@@ -22,6 +22,17 @@ class CausalLM(ABC):
     device: torch.device
     dtype: torch.dtype
     config: object  # the transformers config object
+    head_ids: torch.Tensor | None = None  # [V_sub] token ids the logits cover (None: all)
+
+    def restrict_head(self, token_ids: torch.Tensor | None) -> None:
+        """Compute logits only for `token_ids` (a draft's frequent-token head); None: all."""
+        from ..errors import LeapDecodeError
+
+        if token_ids is not None:
+            raise LeapDecodeError(
+                f"a reduced draft vocabulary needs the native backend, not {self.name}: "
+                "pass draft_vocab=0 (CLI: --draft-vocab 0)"
+            )
 
     @abstractmethod
     def allocate(self, n_slots: int, max_len: int) -> None:
@@ -38,7 +49,8 @@ class CausalLM(ABC):
     ) -> torch.Tensor:
         """Run the new tokens after each slot's cached prefix and cache their keys/values.
 
-        Returns float32 logits [B, T, V], or [B, 1, V] when `logits_at` is given.
+        Returns float32 logits [B, T, V], or [B, 1, V] when `logits_at` is given (V becomes
+        len(head_ids) after `restrict_head`).
         Every slot's length grows by T; the caller truncates padding and rejected drafts.
         """
 

@@ -184,9 +184,22 @@ class NativeLlama(CausalLM):
         if lm_head is None or getattr(config, "tie_word_embeddings", False):
             lm_head = self.embed
         self.lm_head = cat_t(lm_head)  # [hidden, V]
+        self._full_head = self.lm_head
+        self.head_ids = None
         leftover = [n for n in state if "rotary_emb" not in n]
         if leftover:
             raise NativeUnsupported(f"unexpected weights such as {leftover[0]}")
+
+    def restrict_head(self, token_ids: torch.Tensor | None) -> None:
+        """Logits for `token_ids` only (FR-Spec: a draft rarely needs the long tail of the
+        vocabulary, and its output matmul is a large share of a small model's step)."""
+        full = self._full_head
+        if token_ids is None:
+            self.lm_head, self.head_ids = full, None
+            return
+        ids = token_ids.to(device=full.device, dtype=torch.long)
+        self.lm_head = (full[:, ids] if _transposed(full) else full[ids]).contiguous()
+        self.head_ids = ids
 
     # ------------------------------------------------------------------- cache
     def allocate(self, n_slots: int, max_len: int) -> None:

@@ -8,12 +8,39 @@ the cache is cut back to the longest prefix that is still part of the sequence.
 
 from __future__ import annotations
 
+import json
+import os
+
+import numpy as np
 import torch
 
 from ..models.base import CausalLM
 from ..sampling import process_logits, sample_from
 from ..sequence import Sequence, pad_right
 from .base import Drafts, Proposer
+
+VOCAB_FILE = "draft_vocab.json"  # {"ranked_token_ids": [...], "recommended": N, "source": ...}
+
+
+def read_vocab_ranking(draft_dir: str | None) -> dict | None:
+    """The draft folder's token ranking (most frequent first), or None when it has none."""
+    path = os.path.join(draft_dir or "", VOCAB_FILE)
+    if not draft_dir or not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_vocab_ranking(
+    out_dir: str, tokens, vocab_size: int, recommended: int, source: str
+) -> None:
+    """Rank the vocabulary by frequency in `tokens` (the data the draft was trained on)."""
+    counts = np.bincount(np.asarray(tokens, dtype=np.int64), minlength=vocab_size)[:vocab_size]
+    ranked = np.argsort(-counts, kind="stable")
+    covered = float(counts[ranked[:recommended]].sum() / max(1, counts.sum()))
+    with open(os.path.join(out_dir, VOCAB_FILE), "w") as f:
+        json.dump({"ranked_token_ids": ranked.tolist(), "recommended": recommended,
+                   "coverage_of_recommended": covered, "source": source}, f)  # fmt: skip
 
 
 class DraftModelProposer(Proposer):
@@ -41,7 +68,14 @@ class DraftModelProposer(Proposer):
         return self._to_target_vocab(logits[:, -1])  # [B, V_target]
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft logits over the target's vocabulary (padded embeddings may differ in size)."""
+        """Draft logits over the target's vocabulary (padded embeddings may differ in size;
+        a reduced draft head leaves the other tokens at -inf: the draft never proposes them)."""
+        ids = self.model.head_ids
+        if ids is not None:
+            full = logits.new_full((logits.shape[0], self.vocab), float("-inf"))
+            keep = ids < self.vocab
+            full[:, ids[keep]] = logits[:, keep]
+            return full
         v = logits.shape[-1]
         if v >= self.vocab:
             return logits[:, : self.vocab]

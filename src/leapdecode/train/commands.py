@@ -14,6 +14,7 @@ from . import corpus
 from .data import load_or_encode
 from .loop import TrainConfig, train
 
+DRAFT_VOCAB = 2048  # tokens a draft proposes by default (the most frequent in its data)
 RUNS = os.path.join(os.path.expanduser("~"), ".cache", "leapdecode", "runs")
 
 
@@ -213,6 +214,11 @@ def _fit(args, tokenizer, kind: str, teacher=None) -> int:
         if getattr(args, name, None):
             summary[name] = getattr(args, name)
     _save(model, tokenizer, args, root, files, summary, kind)
+    if kind == "draft":
+        from ..proposers.draft_model import write_vocab_ranking
+
+        source = args.tokens or "the training split"
+        write_vocab_ranking(args.out, train_tokens, len(tokenizer), DRAFT_VOCAB, source)
     print(f"{kind} saved to {args.out}; measure it with `leapdecode train evaluate`")
     return 0
 

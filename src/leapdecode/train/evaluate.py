@@ -231,7 +231,10 @@ def write_card(path: str, kind: str, report: dict, model) -> None:
             if kind == "target"
             else "The draft model of leapdecode: a tiny Llama-architecture LM distilled from "
             "`leap-code-target` (forward KL to the target's next-token distribution, mixed with "
-            "cross-entropy) for speculative decoding. Same tokenizer as the target."
+            "cross-entropy) for speculative decoding, on the corpus and then on the target's own "
+            "generations (`leapdecode train selfgen`). Same tokenizer as the target. "
+            "`draft_vocab.json` ranks the vocabulary by frequency in its training data; by "
+            "default leapdecode's draft head covers the 2048 most frequent tokens only."
         ),
         "",
         "## Model",
@@ -265,6 +268,16 @@ def write_card(path: str, kind: str, report: dict, model) -> None:
         lines.append(
             f"| teacher | `{os.path.basename(str(s.get('teacher', 'leap-code-target')))}` |"
         )
+    if s.get("lineage"):
+        total = s.get("total_train_seconds", 0) / 3600
+        lines += ["", f"Trained in stages ({total:.2f} h in all); the table above is the last:", "",
+                  "| stage | what | steps | tokens seen | context | peak lr | hours |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for st in s["lineage"]:
+            lines.append(
+                f"| {st['stage']} | {st['what']} | {st['steps']} | {st['tokens_seen']:,} "
+                f"| {st['context']} | {st['lr']} | {st['train_seconds'] / 3600:.2f} |"
+            )
     lines += [
         "",
         "## Evaluation (held-out standard-library files)",
