@@ -98,3 +98,23 @@ def test_bench_bad_input_is_one_line(capsys, tmp_path, argv, needle):
     code = main(["bench", "run", "--out", str(tmp_path), *argv])
     err = capsys.readouterr().err
     assert code == 2 and needle in err and "Traceback" not in err
+
+
+def test_assisted_generation_peer_uses_our_k(target_dir, draft_dir, hf_target):
+    """transformers takes the draft length from the assistant's generation config; the peer
+    must set it, or every "hf-assisted k=..." row would run transformers' default k."""
+    import torch
+
+    from leapdecode.bench.peers import HFPeers
+
+    peers = HFPeers(target_dir, draft_dir, "float32", "float32")
+    ids = [5, 17, 42, 7, 99, 3]
+    with torch.no_grad():
+        want = hf_target.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False,
+                                  attention_mask=torch.ones(1, 6, dtype=torch.long))  # fmt: skip
+    forwards = {}
+    for k in (1, 6):
+        tokens, forwards[k] = peers.generate(ids, "hf-assisted", k, 24)
+        assert tokens == want[0, 6:].tolist()
+    assert forwards[1] >= 13  # at most 2 tokens per target forward with one draft token
+    assert forwards[6] < forwards[1]

@@ -59,6 +59,8 @@ def add_parsers(sub, model_args) -> None:
         "--peer-ngram-k", default=None, help="k for prompt lookup (default: --ngram-k)"
     )
     run.add_argument("--no-peers", action="store_true", help="skip the transformers peers")
+    run.add_argument("--methods", default=None,
+                     help="only these, comma-separated (none,draft,ngram,hf-generate,hf-assisted,hf-lookup)")  # fmt: skip
     run.add_argument("--quick", action="store_true",
                      help="smoke run: 2 prompts a category, 32 tokens, one round, one k each")  # fmt: skip
 
@@ -125,6 +127,12 @@ def cmd_run(args) -> int:
     )
     peers = None if args.no_peers else HFPeers(target, draft, args.dtype, args.draft_dtype)
     methods = runner.method_list(draft_ks, ngram_ks, peer_ks, draft is not None, peers is not None)
+    if args.methods:
+        keep = {m.strip() for m in args.methods.split(",") if m.strip()}
+        unknown = keep - {"none", "draft", "ngram", *runner.PEERS}
+        if unknown:
+            raise LeapDecodeError(f"unknown method {sorted(unknown)[0]!r} in --methods")
+        methods = [m for m in methods if m.name in keep]
     costs = runner.measure_costs(dec, sorted(set(draft_ks + ngram_ks)))
     t0 = time.perf_counter()
     if not 0 <= args.draft_min_prob < 1:
@@ -162,6 +170,13 @@ def _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed) -> dict:
         + "; verify k tokens / decode: "
         + ", ".join(f"k={k}: {v:.2f}" for k, v in c["verify_over_decode"].items())
     )
+
+    def show(path):
+        return (
+            os.path.relpath(path, REPO) if path and os.path.abspath(path).startswith(REPO) else path
+        )
+
+    target, draft = show(target), show(draft)
     setup = (
         f"Target `{target}` ({str(dec.target.dtype).replace('torch.', '')}), draft "
         f"`{draft}` ({str(dec.draft.dtype).replace('torch.', '') if dec.draft else '-'}); greedy; "
@@ -173,7 +188,8 @@ def _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed) -> dict:
         f"torch {torch.__version__}; run took {elapsed / 60:.1f} min."
     )
     return {
-        "title": "quick smoke run" if args.quick else "full run",
+        "title": "quick smoke run" if args.quick
+        else "partial run" if args.methods or args.per_category else "full run",
         "setup": setup, "costs": costs, "costs_line": cost_line,
         "target": target, "draft": draft, "repeats": repeats, "max_new_tokens_cap": cap,
         "quick": args.quick, "seconds": elapsed, "torch": torch.__version__,

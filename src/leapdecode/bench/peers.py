@@ -44,10 +44,13 @@ class HFPeers:
             temperature=None, top_p=None, top_k=None,
         )  # fmt: skip
         if method == "hf-assisted":
-            kwargs.update(
-                assistant_model=self.draft, num_assistant_tokens=k,
-                num_assistant_tokens_schedule="constant", assistant_confidence_threshold=min_prob,
-            )  # fmt: skip
+            # transformers reads these from the *assistant's* generation config (defaults: 20
+            # tokens and a 0.4 confidence cut-off), not from generate()'s arguments.
+            gc = self.draft.generation_config
+            gc.num_assistant_tokens = k
+            gc.num_assistant_tokens_schedule = "constant"
+            gc.assistant_confidence_threshold = min_prob
+            kwargs.update(assistant_model=self.draft)
         elif method == "hf-lookup":
             kwargs.update(prompt_lookup_num_tokens=k)
         self.forwards = 0
