@@ -141,7 +141,7 @@ class LeapDecoder:
             return ""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def _draft_head(self, draft_vocab: int | None) -> None:
+    def set_draft_vocab(self, draft_vocab: int | None) -> None:
         """Give the draft the `draft_vocab` most frequent tokens only (None: the draft
         folder's recommendation, if it has a ranking; 0: the whole vocabulary)."""
         ranking = self.draft_vocab_ranking
@@ -177,7 +177,7 @@ class LeapDecoder:
         if method == "draft":
             if self.draft is None:
                 raise LeapDecodeError("method 'draft' needs a draft model: pass --draft PATH")
-            self._draft_head(draft_vocab)
+            self.set_draft_vocab(draft_vocab)
             return DraftModelProposer(self.draft, self.target.vocab_size, draft_min_prob)
         raise LeapDecodeError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
 

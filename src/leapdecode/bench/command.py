@@ -133,6 +133,8 @@ def cmd_run(args) -> int:
         if unknown:
             raise LeapDecodeError(f"unknown method {sorted(unknown)[0]!r} in --methods")
         methods = [m for m in methods if m.name in keep]
+    if dec.draft is not None:
+        dec.set_draft_vocab(args.draft_vocab)  # measure c with the head the runs will use
     costs = runner.measure_costs(dec, sorted(set(draft_ks + ngram_ks)))
     t0 = time.perf_counter()
     if not 0 <= args.draft_min_prob < 1:

@@ -183,7 +183,7 @@ class NativeLlama(CausalLM):
         lm_head = take("lm_head.weight", required=False)
         if lm_head is None or getattr(config, "tie_word_embeddings", False):
             lm_head = self.embed
-        self.lm_head = cat_t(lm_head)  # [hidden, V]
+        self.lm_head = cat_t(lm_head)  # [hidden, V] (layout: see _transposed)
         self._full_head = self.lm_head
         self.head_ids = None
         leftover = [n for n in state if "rotary_emb" not in n]
