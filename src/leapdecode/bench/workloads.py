@@ -17,7 +17,6 @@ Regenerate: `leapdecode bench prompts` (writes bench/prompts/<category>.jsonl).
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import os
 import random
@@ -32,29 +31,24 @@ PROMPT_CHARS = {"completion": 2000, "grounded": 2600}
 
 
 def validation_files(manifest_path: str) -> list[tuple[str, str]]:
-    """(relative path, text) of every non-empty validation file, checked by sha256."""
+    """(relative path, text) of every validation file of 200 bytes or more, checked by
+    sha256 against the manifest (train/evaluate.py reads them the same way)."""
+    from ..train.evaluate import validation_files as checked_files
+
     if not os.path.isfile(manifest_path):
         raise LeapDecodeError(
             f"{manifest_path!r} not found: pass --target with a model that has a corpus manifest"
         )
     with open(manifest_path) as f:
         manifest = json.load(f)
-    out = []
-    for entry in manifest["files"]:
-        if entry["split"] != "validation" or entry["bytes"] < 200:
-            continue
-        path = os.path.join(manifest["root"], entry["path"])
-        try:
-            data = open(path, "rb").read()
-        except OSError:
-            raise LeapDecodeError(
-                f"{path!r} is missing: the prompts need the corpus the models were trained on "
-                "(keep the committed bench/prompts files instead of regenerating them)"
-            ) from None
-        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            raise LeapDecodeError(f"{path!r} differs from the manifest: a different Python build?")
-        out.append((entry["path"], data.decode("utf-8")))
-    return out
+    try:
+        files = checked_files(manifest)
+    except LeapDecodeError as e:
+        raise LeapDecodeError(
+            f"{e}; the prompts need the corpus the models were trained on "
+            "(keep the committed bench/prompts files instead of regenerating them)"
+        ) from None
+    return [(path, data.decode("utf-8")) for path, data in files if len(data) >= 200]
 
 
 def _tail(text: str, chars: int) -> str:
