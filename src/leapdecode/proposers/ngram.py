@@ -45,9 +45,9 @@ class NgramIndex:
             seen = self.tables[n].get(tuple(tokens[length - n :]))
             if seen is not None:
                 first, latest = seen
-                if length - latest >= k or length - first <= length - latest:
-                    return tokens[latest : latest + k]
-                return tokens[first : first + k]
+                # latest leaves k tokens to copy, or there is no earlier occurrence
+                start = latest if length - latest >= k or first == latest else first
+                return tokens[start : start + k]
         return []
 
 
