@@ -12,7 +12,7 @@ import torch
 from ..errors import LeapDecodeError
 from . import corpus
 from .data import load_or_encode
-from .loop import TrainConfig, train
+from .loop import TrainConfig, cpu_has_fast_bf16, train
 
 DRAFT_VOCAB = 2048  # tokens a draft proposes by default (the most frequent in its data)
 RUNS = os.path.join(os.path.expanduser("~"), ".cache", "leapdecode", "runs")
@@ -34,6 +34,23 @@ def add_parsers(sub) -> None:
     _loop_args(tgt, steps=520, batch=8, lr=1.5e-3)
     tgt.add_argument("--init", default=None, help="start from this model folder (fine-tune)")
     tgt.add_argument("--tokens", default=None, help="train on this token stream (.npy)")
+    tgt.add_argument(
+        "--repeat-share",
+        type=float,
+        default=0.0,
+        help="share of rows showing a corpus span twice (teaches copying)",
+    )
+    tgt.add_argument(
+        "--edit-share",
+        type=float,
+        default=0.0,
+        help="share of rows from revision documents (function, then revised)",
+    )
+    tgt.add_argument(
+        "--no-copy-probe",
+        action="store_true",
+        help="skip the copy signals measured with each validation",
+    )
 
     ed = what.add_parser("edits", help="revision documents + plain files, for a target fine-tune")
     _data_args(ed)
@@ -63,6 +80,10 @@ def add_parsers(sub) -> None:
     sg.add_argument("--new-tokens", type=int, default=256)
     sg.add_argument("--batch", type=int, default=16)
     sg.add_argument("--seed", type=int, default=0)
+
+    from .sizing import add_parser as add_sizing
+
+    add_sizing(what, _data_args, _loop_args)
 
     ev = what.add_parser("evaluate", help="measure a trained pair and write the model cards")
     _data_args(ev)
@@ -99,8 +120,20 @@ def _loop_args(p, steps, batch, lr) -> None:
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--checkpoint-every", type=int, default=25)
     p.add_argument(
-        "--no-bf16", action="store_true", help="train in float32 (default: bf16 autocast)"
-    )
+        "--precision", default="auto", choices=["auto", "bf16", "fp32"],
+        help="bf16 autocast or float32; auto: bf16 only where the CPU has native bf16",
+    )  # fmt: skip
+    p.add_argument(
+        "--compile", action="store_true",
+        help="torch.compile the training step (about 1.3x faster on CPU; needs a C++ compiler)",
+    )  # fmt: skip
+    p.add_argument("--max-minutes", type=float, default=0.0,
+                   help="stop after this much training time (resumable); 0 = no limit")  # fmt: skip
+    p.add_argument(
+        "--schedule", default=None,
+        help="stages CONTEXTxBATCH:STEPS,... (e.g. 256x8:6000,1024x4:2000); overrides "
+        "--steps, --batch and --context for the batches (the model's context stays --context)",
+    )  # fmt: skip
 
 
 def _extensions(args) -> tuple[str, ...]:
@@ -113,12 +146,36 @@ def _train_config(args) -> TrainConfig:
             raise LeapDecodeError(f"--{name} must be >= 1")
     if args.lr <= 0:
         raise LeapDecodeError("--lr must be > 0")
-    warmup = args.warmup if args.warmup is not None else max(1, args.steps * 6 // 100)
+    stages = parse_schedule(args.schedule, args.context) if args.schedule else ()
+    steps = sum(s for _, _, s in stages) if stages else args.steps
+    warmup = args.warmup if args.warmup is not None else max(1, steps * 6 // 100)
+    bf16 = {"auto": cpu_has_fast_bf16(), "bf16": True, "fp32": False}[args.precision]
     return TrainConfig(
-        steps=args.steps, batch=args.batch, context=args.context, lr=args.lr, warmup=warmup,
+        steps=steps, batch=args.batch, context=args.context, lr=args.lr, warmup=warmup,
         seed=args.seed, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
-        bf16=not args.no_bf16, threads=args.threads, ce_weight=getattr(args, "ce_weight", 0.0),
+        bf16=bf16, threads=args.threads, ce_weight=getattr(args, "ce_weight", 0.0),
+        stages=stages, compile=args.compile, max_seconds=60 * args.max_minutes,
     )  # fmt: skip
+
+
+def parse_schedule(text: str, max_context: int) -> tuple:
+    """'256x8:6000,1024x4:2000' -> ((256, 8, 6000), (1024, 4, 2000))."""
+    stages = []
+    for part in text.split(","):
+        try:
+            shape, steps = part.split(":")
+            context, batch = shape.lower().split("x")
+            stage = (int(context), int(batch), int(steps))
+        except ValueError:
+            raise LeapDecodeError(
+                f"--schedule stage {part!r} is not CONTEXTxBATCH:STEPS (e.g. 256x8:6000)"
+            ) from None
+        if min(stage) < 1 or stage[0] > max_context:
+            raise LeapDecodeError(
+                f"--schedule stage {part!r}: values must be >= 1 and the context <= --context"
+            )
+        stages.append(stage)
+    return tuple(stages)
 
 
 def _llama_config(args, tokenizer):
@@ -178,7 +235,7 @@ def cmd_tokenizer(args) -> int:
     return 0
 
 
-def _fit(args, tokenizer, kind: str, teacher=None) -> int:
+def _fit(args, tokenizer, kind: str, teacher=None, save_partial: bool = False) -> int:
     """Build a fresh Llama from the flags (or --init), train it resumably, save it to --out."""
     from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
@@ -206,8 +263,16 @@ def _fit(args, tokenizer, kind: str, teacher=None) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{kind}: {n_params / 1e6:.2f}M parameters, {len(train_tokens) / 1e6:.2f}M training "
           f"tokens, run folder {run_dir}")  # fmt: skip
-    summary = train(model, train_tokens, val_tokens, cfg, run_dir, kind, teacher=teacher)
+    batches, probe = _mixture(args, tokenizer, root, files, train_tokens, val_tokens, run_dir)
+    summary = train(model, train_tokens, val_tokens, cfg, run_dir, kind, teacher=teacher,
+                    batches=batches, probe=probe)  # fmt: skip
     summary["config"] = asdict(cfg)
+    if batches is not None:
+        summary["mix"] = asdict(batches.mix)
+    if summary["stopped_early"] and not save_partial:
+        print(f"{kind}: stopped at step {summary['steps']} (--max-minutes); rerun the same "
+              "command to continue")  # fmt: skip
+        return 0
     if teacher is not None:
         summary["teacher"] = args.target
     for name in ("init", "tokens"):
@@ -221,6 +286,32 @@ def _fit(args, tokenizer, kind: str, teacher=None) -> int:
         write_vocab_ranking(args.out, train_tokens, len(tokenizer), DRAFT_VOCAB, source)
     print(f"{kind} saved to {args.out}; measure it with `leapdecode train evaluate`")
     return 0
+
+
+def _mixture(args, tokenizer, root, files, train_tokens, val_tokens, run_dir):
+    """The copy-teaching batch mixture and the copy probe (target training only)."""
+    from .mix import Batches, Mix, load_or_build_revisions
+    from .signals import CopyProbe
+
+    repeat, edit = getattr(args, "repeat_share", 0.0), getattr(args, "edit_share", 0.0)
+    try:
+        mix = Mix(repeat, edit)
+    except ValueError as e:
+        raise LeapDecodeError(f"--repeat-share / --edit-share: {e}") from None
+    batches = None
+    if repeat or edit:
+        revisions = None
+        if edit:
+            revisions = load_or_build_revisions(tokenizer, root, files, args.seed, run_dir)
+            if len(revisions[1]) == 0:
+                raise LeapDecodeError(
+                    "--edit-share needs functions of 6-30 lines in the training files"
+                )
+        batches = Batches(train_tokens, mix, args.seed, revisions)
+    probe = None
+    if hasattr(args, "no_copy_probe") and not args.no_copy_probe and len(val_tokens) > 256:
+        probe = CopyProbe(tokenizer, root, files, val_tokens)
+    return batches, probe
 
 
 def cmd_target(args) -> int:
@@ -273,7 +364,14 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def cmd_sizing(args) -> int:
+    from .sizing import run
+
+    return run(args)
+
+
 def cmd_train(args) -> int:
     return {"tokenizer": cmd_tokenizer, "target": cmd_target, "draft": cmd_draft,
+            "sizing": cmd_sizing,
             "evaluate": cmd_evaluate, "selfgen": cmd_selfgen,
             "edits": cmd_edits}[args.what](args)  # fmt: skip

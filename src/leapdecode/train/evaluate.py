@@ -112,6 +112,36 @@ def decode_ms(path: str, context: int = 256, reps: int = 100) -> float:
     return statistics.median(times[10:]) * 1e3
 
 
+def interleaved_decode_ms(paths: dict[str, str], draft_names=frozenset(), context: int = 256,
+                          reps: int = 300, draft_head: int = 2048) -> dict[str, float]:  # fmt: skip
+    """Decode step (one token after `context` cached) of several models, timed in turns so
+    that they share the machine's state; median ms. Targets run in their checkpoint dtype,
+    drafts (`draft_names`) in float32 with a `draft_head`-token output layer, as the bench
+    runs them."""
+    from ..models import load_model
+
+    models = {}
+    for name, path in paths.items():
+        if name in draft_names:
+            m = load_model(path, dtype="float32")
+            m.restrict_head(torch.arange(min(draft_head, m.vocab_size)))
+        else:
+            m = load_model(path, dtype="auto")
+        models[name] = m
+    slot, tok = torch.tensor([0]), torch.tensor([[1]])
+    for m in models.values():
+        m.allocate(1, context + 8)
+        m.forward(torch.randint(0, m.vocab_size, (1, context)), slot)
+    times = {name: [] for name in models}
+    for _ in range(reps + 20):
+        for name, m in models.items():
+            t0 = time.perf_counter()
+            m.forward(tok, slot)
+            times[name].append(time.perf_counter() - t0)
+            m.truncate(slot, torch.tensor([context]))
+    return {name: statistics.median(t[20:]) * 1e3 for name, t in times.items()}
+
+
 def validation_prompts(tokenizer, files, n: int, prompt_tokens: int = 192) -> list[str]:
     """Prefixes of held-out files, cut at a line boundary."""
     prompts = []

@@ -3,6 +3,11 @@
 Resumable: a checkpoint (model, optimizer, step) is written atomically every
 `checkpoint_every` steps; batches are a pure function of (seed, step), so a killed run
 restarted with the same command continues exactly where it stopped.
+
+A run may go through stages of (context, batch) (`TrainConfig.stages`): copying emerges
+sooner with small batches of short windows, and long context is learnt after it
+(Aoyama et al. 2025, arXiv 2511.16893). Every entry of the log also goes to
+`log.jsonl` in the run folder, for plots while the run goes on.
 """
 
 from __future__ import annotations
@@ -38,6 +43,22 @@ class TrainConfig:
     bf16: bool = True
     threads: int = 0  # 0 = torch's default
     ce_weight: float = 0.0  # distillation only: share of plain cross-entropy in the loss
+    stages: tuple = ()  # ((context, batch, steps), ...); empty: one stage of the fields above
+    eval_context: int = 0  # validation window; 0 = the longest context trained on
+    compile: bool = False  # torch.compile the training step (needs a C++ compiler)
+    max_seconds: float = 0.0  # stop (checkpointed) after this much training time; 0 = no limit
+
+    def plan(self) -> list[tuple[int, int, int]]:
+        """[(context, batch, steps)] of every stage; their steps add up to `steps`."""
+        return [tuple(st) for st in self.stages] or [(self.context, self.batch, self.steps)]
+
+    def stage_at(self, step: int) -> tuple[int, int]:
+        """(context, batch) of the stage that holds `step`."""
+        for context, batch, steps in self.plan():
+            if step < steps:
+                return context, batch
+            step -= steps
+        return self.plan()[-1][:2]
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -46,6 +67,18 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
     cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine)
+
+
+def cpu_has_fast_bf16() -> bool:
+    """bf16 autocast pays on CPUs with native bf16 (AVX-512 BF16, AMX); elsewhere oneDNN
+    emulates it and a training step runs about 20x slower than in float32 (measured here on
+    an AVX2-only EPYC)."""
+    return (
+        torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX")
+        or any(f in open("/proc/cpuinfo").read() for f in ("avx512_bf16", "amx_bf16"))
+        if os.path.exists("/proc/cpuinfo")
+        else False
+    )
 
 
 def _autocast(cfg: TrainConfig):
@@ -74,8 +107,10 @@ def eval_loss(model, tokens: np.ndarray, cfg: TrainConfig) -> float:
     """Mean cross-entropy (nats/token) on fixed validation windows."""
     model.eval()
     total = 0.0
+    context = cfg.eval_context or max(c for c, _, _ in cfg.plan())
+    context = min(context, len(tokens) - 2)
     for i in range(cfg.eval_batches):
-        b = torch.from_numpy(batch_at(tokens, i, max(1, cfg.batch // 2), cfg.context, seed=12345))
+        b = torch.from_numpy(batch_at(tokens, i, 4, context, seed=12345))
         with _autocast(cfg):
             logits = model(input_ids=b[:, :-1]).logits
         total += float(F.cross_entropy(logits.float().flatten(0, 1), b[:, 1:].flatten()))
@@ -92,8 +127,11 @@ def _save_checkpoint(path: str, model, opt, step: int, log: list) -> None:
 
 
 def train(model, train_tokens: np.ndarray, val_tokens: np.ndarray, cfg: TrainConfig, run_dir: str,
-          desc: str, teacher=None) -> dict:  # fmt: skip
-    """Train `model` in place; returns a summary (steps, tokens, seconds, losses)."""
+          desc: str, teacher=None, batches=None, probe=None) -> dict:  # fmt: skip
+    """Train `model` in place; returns a summary (steps, tokens, seconds, losses).
+
+    `batches` (mix.Batches) draws the rows (default: plain windows of `train_tokens`);
+    `probe` (signals.CopyProbe) is measured with every validation."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -116,15 +154,29 @@ def train(model, train_tokens: np.ndarray, val_tokens: np.ndarray, cfg: TrainCon
         json.dump(asdict(cfg), f, indent=1)
 
     model.train()
-    tokens_per_step = cfg.batch * cfg.context
+    step_loss = lambda b: loss_fn(model, b, cfg, teacher)  # noqa: E731
+    if cfg.compile:
+        step_loss = torch.compile(step_loss, dynamic=False)
     elapsed = sum(e.get("step_s", 0.0) for e in log)
+    seen = sum(e.get("tokens", 0) for e in log)
+    log_file = open(os.path.join(run_dir, "log.jsonl"), "a")
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=desc, unit="step")
+    stopped_early = False
     for step in bar:
+        if cfg.max_seconds and elapsed >= cfg.max_seconds:
+            stopped_early = True
+            _save_checkpoint(ckpt_path, model, opt, step, log)
+            tqdm.write(f"{desc}: stopped after {elapsed:.0f} s of training (max_seconds)")
+            break
         t0 = time.perf_counter()
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
-        batch = torch.from_numpy(batch_at(train_tokens, step, cfg.batch, cfg.context, cfg.seed))
-        loss = loss_fn(model, batch, cfg, teacher)
+        context, rows = cfg.stage_at(step)
+        if batches is None:
+            batch = batch_at(train_tokens, step, rows, context, cfg.seed)
+        else:
+            batch = batches.batch_at(step, rows, context)
+        loss = step_loss(torch.from_numpy(batch))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
@@ -132,19 +184,33 @@ def train(model, train_tokens: np.ndarray, val_tokens: np.ndarray, cfg: TrainCon
         dt = time.perf_counter() - t0
         elapsed += dt
         loss = loss.item()
-        entry = {"step": step + 1, "loss": loss, "lr": lr_at(cfg, step), "step_s": dt}
+        seen += rows * context
+        entry = {"step": step + 1, "loss": loss, "lr": lr_at(cfg, step), "step_s": dt,
+                 "tokens": rows * context, "context": context, "batch": rows,
+                 "tokens_seen": seen, "train_s": elapsed}  # fmt: skip
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             entry["val_loss"] = eval_loss(model, val_tokens, cfg)
-            tqdm.write(f"{desc} step {step + 1}: train {loss:.3f}  val {entry['val_loss']:.3f}")
+            msg = f"{desc} step {step + 1}: train {loss:.3f}  val {entry['val_loss']:.3f}"
+            if probe is not None:
+                entry["copy"] = probe.measure(model)
+                c = entry["copy"]
+                msg += (f"  2nd showing {c['second_showing_loss']:.2f} (1st "
+                        f"{c['first_showing_loss']:.2f})  copy {c['copy_score']:.2f}  "
+                        f"revision exact {c['revision_exact']:.2f}")  # fmt: skip
+            tqdm.write(msg)
         log.append(entry)
-        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_step / dt:.0f}")
+        log_file.write(json.dumps(entry) + "\n")
+        log_file.flush()
+        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rows * context / dt:.0f}", ctx=context)
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             _save_checkpoint(ckpt_path, model, opt, step + 1, log)
+    log_file.close()
     val = [e["val_loss"] for e in log if "val_loss" in e]
     return {
-        "steps": cfg.steps,
-        "tokens_seen": cfg.steps * tokens_per_step,
+        "steps": log[-1]["step"] if log else 0,
+        "tokens_seen": sum(e.get("tokens", cfg.batch * cfg.context) for e in log),
         "train_seconds": elapsed,
         "final_train_loss": log[-1]["loss"] if log else None,
         "final_val_loss": val[-1] if val else None,
+        "stopped_early": stopped_early,
     }
