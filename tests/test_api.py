@@ -73,11 +73,14 @@ def test_padded_draft_vocabulary_is_fine(tmp_path_factory, tok_dir, target_dir, 
     assert out.token_ids == ref[0, len(ids) :].tolist()
 
 
-def test_generation_stops_at_the_context_limit(decoder):
+def test_generation_up_to_the_context_limit(decoder):
     ids = [5] * (decoder.target.max_context - 3)
-    out = decoder.generate(ids, method="ngram", k=8, max_new_tokens=50)
+    out = decoder.generate(ids, method="ngram", k=8, max_new_tokens=3)
     assert len(out.token_ids) <= 3
     assert out.finish_reason in ("length", "stop")
+    # asking for more than fits is an error that says so, not a silent early stop
+    with pytest.raises(LeapDecodeError, match="does not fit.*at most 3 new tokens"):
+        decoder.generate(ids, method="ngram", k=8, max_new_tokens=50)
 
 
 @pytest.mark.parametrize(

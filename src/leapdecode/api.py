@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 from collections.abc import Iterator
@@ -10,17 +11,16 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import MAX_K, METHODS, SamplingParams, SpecConfig
 from .engine import Engine
 from .errors import LeapDecodeError
 from .metrics import RequestStats
 from .models import CausalLM, load_model
-from .proposers import DraftModelProposer, NgramProposer, NoProposer, Proposer
 from .proposers.draft_model import read_vocab_ranking
-from .sampling import SamplingParams
 from .sequence import Sequence
+from .threads import set_threads
 
-METHODS = ("none", "draft", "ngram")
-MAX_K = 64
+__all__ = ["GenerationResult", "LeapDecoder", "MAX_K", "METHODS"]
 
 
 @dataclass
@@ -64,11 +64,14 @@ def _eos_ids(path: str, config) -> frozenset[int]:
 
 
 class LeapDecoder:
-    """A target model, an optional draft model, and their tokenizer.
+    """A target model, an optional draft model, their tokenizer, and the engine that runs them.
 
     >>> dec = LeapDecoder.from_pretrained("models/leap-code-target", draft="models/leap-code-draft")
     >>> out = dec.generate("def fib(n):", method="draft", k=4, max_new_tokens=64)
     >>> out.text, out.stats.mean_accepted_tokens
+
+    Every call goes through one `Engine` (continuous batching over `max_num_seqs` KV
+    slots), the same engine the server and the benchmark drive.
     """
 
     def __init__(
@@ -78,12 +81,21 @@ class LeapDecoder:
         eos_token_ids,
         draft: CausalLM | None = None,
         draft_vocab_ranking: dict | None = None,
+        draft_vocab: int | None = None,
+        max_num_seqs: int = 16,
     ):
         self.target = target
         self.draft = draft
         self.draft_vocab_ranking = draft_vocab_ranking  # see proposers/draft_model.py
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
+        if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+            raise LeapDecodeError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+        self.max_num_seqs = max_num_seqs
+        if draft is not None:
+            self._configure_draft_head(draft_vocab)
+        self._engine: Engine | None = None
+        self._ids = itertools.count()
 
     @classmethod
     def from_pretrained(
@@ -94,9 +106,17 @@ class LeapDecoder:
         device: str = "cpu",
         dtype: str = "auto",
         draft_dtype: str | None = None,
+        draft_vocab: int | None = None,
+        max_num_seqs: int = 16,
+        threads: int | None = None,
     ) -> LeapDecoder:
         """dtype: float32 | bfloat16 | float16 | auto (the checkpoint's own);
-        draft_dtype: the draft's, when it differs (default: the same as dtype)."""
+        draft_dtype: the draft's, when it differs (default: the same as dtype);
+        draft_vocab: the draft proposes only its N most frequent tokens (default: the draft
+        folder's recommendation; 0: all), set once for every request;
+        max_num_seqs: KV slots, the most sequences decoded together;
+        threads: CPU threads for torch (default: see leapdecode.threads)."""
+        set_threads(threads)
         target_model = load_model(target, backend, device, dtype, what="target")
         tokenizer = _load_tokenizer(target)
         draft_model = None
@@ -104,16 +124,22 @@ class LeapDecoder:
             draft_model = load_model(draft, backend, device, draft_dtype or dtype, what="draft")
             _check_same_vocab(target, tokenizer, draft)
         ranking = read_vocab_ranking(draft)
-        return cls(
-            target_model, tokenizer, _eos_ids(target, target_model.config), draft_model, ranking
-        )
+        return cls(target_model, tokenizer, _eos_ids(target, target_model.config), draft_model,
+                   ranking, draft_vocab, max_num_seqs)  # fmt: skip
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = Engine(self.target, self.draft, self.max_num_seqs)
+        return self._engine
 
     # ----------------------------------------------------------------- helpers
     def encode(self, prompt: str | Seq[int]) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise LeapDecodeError(
-                    "the target folder has no tokenizer files: pass token ids instead of text"
+                    "the target folder has no tokenizer files (tokenizer.json): pass token ids "
+                    "instead of text, or copy the tokenizer files into the model folder"
                 )
             if not prompt:
                 raise LeapDecodeError("the prompt is empty: give at least one character")
@@ -141,9 +167,10 @@ class LeapDecoder:
             return ""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def set_draft_vocab(self, draft_vocab: int | None) -> None:
+    def _configure_draft_head(self, draft_vocab: int | None) -> None:
         """Give the draft the `draft_vocab` most frequent tokens only (None: the draft
-        folder's recommendation, if it has a ranking; 0: the whole vocabulary)."""
+        folder's recommendation, if it has a ranking; 0: the whole vocabulary). Done once:
+        the draft is shared by every request."""
         ranking = self.draft_vocab_ranking
         n = (ranking or {}).get("recommended", 0) if draft_vocab is None else draft_vocab
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
@@ -154,76 +181,14 @@ class LeapDecoder:
                 "`leapdecode train draft` writes one; or pass draft_vocab=0"
             )
         if n == 0 or n >= self.target.vocab_size:
-            if self.draft.head_ids is not None:
-                self.draft.restrict_head(None)
+            self.draft.restrict_head(None)
             return
-        head = self.draft.head_ids
-        if head is None or len(head) != n:
-            ids = torch.tensor(sorted(ranking["ranked_token_ids"][:n]), dtype=torch.long)
-            self.draft.restrict_head(ids)
+        ids = torch.tensor(sorted(ranking["ranked_token_ids"][:n]), dtype=torch.long)
+        self.draft.restrict_head(ids)
 
-    def make_proposer(
+    def request(
         self,
-        method: str,
-        ngram_min: int = 2,
-        ngram_max: int = 4,
-        draft_min_prob: float = 0.0,
-        draft_vocab: int | None = None,
-    ) -> Proposer:
-        if method == "none":
-            return NoProposer()
-        if method == "ngram":
-            return NgramProposer(ngram_min, ngram_max)
-        if method == "draft":
-            if self.draft is None:
-                raise LeapDecodeError("method 'draft' needs a draft model: pass --draft PATH")
-            self.set_draft_vocab(draft_vocab)
-            return DraftModelProposer(self.draft, self.target.vocab_size, draft_min_prob)
-        raise LeapDecodeError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
-
-    def _sequences(self, prompts, max_new_tokens, params, stop, stop_token_ids) -> list[Sequence]:
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise LeapDecodeError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        stop_strings = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        if any(not isinstance(s, str) or not s for s in stop_strings):
-            raise LeapDecodeError("stop strings must be non-empty strings")
-        if stop_strings and self.tokenizer is None:
-            raise LeapDecodeError("stop strings need a tokenizer in the target folder")
-        stops = self.eos_token_ids | frozenset(stop_token_ids or ())
-        seqs = []
-        for i, prompt in enumerate(prompts):
-            ids = self.encode(prompt)
-            # Row i of a seeded batch uses seed + i, so that rows differ but runs repeat.
-            seed = params.seed + i if params.seed is not None else random.randrange(2**62)
-            seqs.append(
-                Sequence(
-                    id=i,
-                    slot=i,
-                    tokens=list(ids),
-                    prompt_len=len(ids),
-                    params=params,
-                    max_new_tokens=max_new_tokens,
-                    max_context=self.target.max_context,
-                    stop_token_ids=stops,
-                    stop_strings=stop_strings,
-                    decode=self.decode,
-                    generator=torch.Generator().manual_seed(seed),
-                )
-            )
-        return seqs
-
-    def _result(self, s: Sequence) -> GenerationResult:
-        text = self.decode(s.output)
-        if s.finish_reason == "stop" and s.stop_strings:
-            cuts = [text.find(x) for x in s.stop_strings if x in text]
-            if cuts:
-                text = text[: min(cuts)]
-        return GenerationResult(text, s.output, s.finish_reason or "length", s.stats)
-
-    # --------------------------------------------------------------------- API
-    def _start(
-        self,
-        prompts: list[str | list[int]],
+        prompt: str | list[int],
         method: str = "none",
         k: int = 4,
         max_new_tokens: int = 128,
@@ -236,49 +201,108 @@ class LeapDecoder:
         ngram_min: int = 2,
         ngram_max: int = 4,
         draft_min_prob: float = 0.0,
-        draft_vocab: int | None = None,
-    ):
-        """Validate the options, build the sequences and the step iterator.
+        spec: SpecConfig | None = None,
+    ) -> Sequence:
+        """A validated request for the engine (generate, stream, the server and the bench
+        all build theirs here). method: none | draft | ngram | auto; k: draft tokens per step
+        (0..64; auto: the most it may use); temperature 0 is greedy; stop: strings that end
+        generation (cut from the text); stop_token_ids: token ids that end it besides EOS;
+        spec: a whole SpecConfig instead of method / k / ngram_* / draft_min_prob."""
+        if spec is None:
+            spec = SpecConfig(method=method, num_speculative_tokens=k, prompt_lookup_min=ngram_min,
+                              prompt_lookup_max=ngram_max, draft_min_prob=draft_min_prob)  # fmt: skip
+        if spec.method == "draft" and self.draft is None:
+            raise LeapDecodeError("method 'draft' needs a draft model: pass --draft PATH")
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        if (
+            not isinstance(max_new_tokens, int)
+            or isinstance(max_new_tokens, bool)
+            or max_new_tokens < 1
+        ):
+            raise LeapDecodeError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        stop_strings = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        if any(not isinstance(x, str) or not x for x in stop_strings):
+            raise LeapDecodeError("stop strings must be non-empty strings")
+        if stop_strings and self.tokenizer is None:
+            raise LeapDecodeError("stop strings need a tokenizer in the target folder")
+        bad = [t for t in stop_token_ids or () if not isinstance(t, int) or isinstance(t, bool)]
+        if bad:
+            raise LeapDecodeError(f"stop_token_ids must be integers, got {bad[0]!r}")
+        ids = self.encode(prompt)
+        room = self.target.max_context - len(ids)
+        if max_new_tokens > room:
+            raise LeapDecodeError(
+                f"max_new_tokens {max_new_tokens} does not fit: the prompt has {len(ids)} tokens "
+                f"and the model's context is {self.target.max_context}, so at most {room} new "
+                "tokens fit; lower max_new_tokens or shorten the prompt"
+            )
+        gen_seed = seed if seed is not None else random.randrange(2**62)
+        return Sequence(
+            id=next(self._ids),
+            tokens=list(ids),
+            prompt_len=len(ids),
+            params=params,
+            max_new_tokens=max_new_tokens,
+            max_context=self.target.max_context,
+            stop_token_ids=self.eos_token_ids | frozenset(stop_token_ids or ()),
+            stop_strings=stop_strings,
+            decode=self.decode,
+            generator=torch.Generator().manual_seed(gen_seed),
+            spec=spec,
+        )
 
-        method: none | draft | ngram; k: draft tokens per step (0..64); temperature 0 is
-        greedy; stop: strings that end generation (cut from the text); stop_token_ids: token
-        ids that end it besides EOS. A seeded batch gives row i the seed `seed + i`.
-        """
+    def result(self, s: Sequence) -> GenerationResult:
+        text = self.decode(s.output)
+        if s.finish_reason == "stop" and s.stop_strings:
+            cuts = [text.find(x) for x in s.stop_strings if x in text]
+            if cuts:
+                text = text[: min(cuts)]
+        return GenerationResult(text, s.output, s.finish_reason or "length", s.stats)
+
+    def _run(self, seqs: list[Sequence]) -> Iterator[None]:
+        """Submit `seqs` and step the engine until they are all finished."""
+        engine = self.engine
+        try:
+            for s in seqs:
+                engine.add_request(s)
+            while not all(s.finished for s in seqs):
+                engine.step()
+                yield
+        finally:
+            for s in seqs:  # an error or an abandoned stream: free their slots
+                if not s.finished:
+                    engine.abort(s.id)
+
+    # --------------------------------------------------------------------- API
+    def generate_batch(self, prompts: list[str | list[int]], **options) -> list[GenerationResult]:
+        """Generate for several prompts together (submitted at once, stepped until done; rows
+        beyond max_num_seqs wait for a free slot). Row i of a seeded batch uses seed + i, so
+        it gives what a single generate() with seed + i gives. One result per prompt, in order."""
         if not prompts:
             raise LeapDecodeError("no prompts given")
-        if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_K:
-            raise LeapDecodeError(f"k must be an integer in 0..{MAX_K}, got {k!r}")
-        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        if not isinstance(draft_min_prob, int | float) or not 0 <= draft_min_prob < 1:
-            raise LeapDecodeError(f"draft_min_prob must be in [0, 1), got {draft_min_prob!r}")
-        proposer = self.make_proposer(method, ngram_min, ngram_max, draft_min_prob, draft_vocab)
-        seqs = self._sequences(prompts, max_new_tokens, params, stop, stop_token_ids)
-        steps = Engine(self.target, proposer).run(seqs, 0 if method == "none" else k)
-        return seqs, steps
-
-    def generate_batch(self, prompts: list[str | list[int]], **kwargs) -> list[GenerationResult]:
-        """Generate for several prompts in one batch; one result per prompt, in order."""
-        seqs, steps = self._start(prompts, **kwargs)
-        for _ in steps:
+        seed = options.pop("seed", None)
+        seqs = [self.request(p, seed=None if seed is None else seed + i, **options)
+                for i, p in enumerate(prompts)]  # fmt: skip
+        for _ in self._run(seqs):
             pass
-        return [self._result(s) for s in seqs]
+        return [self.result(s) for s in seqs]
 
-    def generate(self, prompt: str | list[int], **kwargs) -> GenerationResult:
+    def generate(self, prompt: str | list[int], **options) -> GenerationResult:
         """Generate for one prompt (text or token ids).
 
-        Options: method (none | draft | ngram), k, max_new_tokens, temperature, top_p, top_k,
-        seed, stop, stop_token_ids, ngram_min, ngram_max, draft_min_prob, draft_vocab;
-        see the README.
+        Options: method (none | draft | ngram | auto), k, max_new_tokens, temperature, top_p,
+        top_k, seed, stop, stop_token_ids, ngram_min, ngram_max, draft_min_prob, spec;
+        see `request` and the README.
         """
-        return self.generate_batch([prompt], **kwargs)[0]
+        return self.generate_batch([prompt], **options)[0]
 
-    def stream(self, prompt: str | list[int], **kwargs) -> Iterator[str]:
+    def stream(self, prompt: str | list[int], **options) -> Iterator[str]:
         """Yield text pieces as tokens are accepted; they join to `generate(...).text`."""
-        [seq], steps = self._start([prompt], **kwargs)
+        seq = self.request(prompt, **options)
         sent = ""
         # Hold back anything that may still become a stop string, and a partial character.
         hold = max((len(x) for x in seq.stop_strings), default=0)
-        for _ in steps:
+        for _ in self._run([seq]):
             if seq.finished:
                 break
             text = self.decode(seq.output)
@@ -286,7 +310,7 @@ class LeapDecoder:
             if len(ready) > len(sent) and ready.startswith(sent):
                 yield ready[len(sent) :]
                 sent = ready
-        final = self._result(seq).text
+        final = self.result(seq).text
         if len(final) > len(sent) and final.startswith(sent):
             yield final[len(sent) :]
 

@@ -12,15 +12,9 @@ import logging
 import os
 import sys
 
+from .config import METHODS
 from .errors import LeapDecodeError
-
-DEFAULT_MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "models")
-
-
-def default_model(name: str) -> str | None:
-    root = os.environ.get("LEAPDECODE_MODELS", DEFAULT_MODELS)
-    path = os.path.join(root, name)
-    return path if os.path.isfile(os.path.join(path, "config.json")) else None
+from .paths import DEFAULT_MODELS, resolve_models  # noqa: F401 - DEFAULT_MODELS: tests
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,10 +39,14 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         choices=["auto", "float32", "bfloat16", "float16"],
         help="the draft's dtype (default: the same as --dtype)",
     )
+    p.add_argument(
+        "--threads", type=int, default=None,
+        help="CPU threads for torch (default 1, or $LEAPDECODE_THREADS; see the README)",
+    )  # fmt: skip
 
 
 def _add_generation_args(p: argparse.ArgumentParser, method_default: str) -> None:
-    p.add_argument("--method", default=method_default, choices=["none", "draft", "ngram"])
+    p.add_argument("--method", default=method_default, choices=list(METHODS))
     p.add_argument("--k", type=int, default=4, help="draft tokens per step (default 4)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -75,7 +73,10 @@ def _add_generation_args(p: argparse.ArgumentParser, method_default: str) -> Non
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = _Parser(prog="leapdecode", description="Lossless speculative decoding.")
+    parser.add_argument("--version", action="version", version=f"leapdecode {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     gen = sub.add_parser("generate", help="generate text from a prompt")
@@ -93,10 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--repeats", type=int, default=3)
 
     from .bench.command import add_parsers as add_bench
+    from .server.command import add_parser as add_serve
     from .train.commands import add_parsers
 
     add_parsers(sub)
     add_bench(sub, _add_model_args)
+    add_serve(sub, _add_model_args)
     return parser
 
 
@@ -107,7 +110,24 @@ def read_prompts(args) -> list[str]:
         return read_prompts_file(args.prompts_file)
     if args.prompt is None:
         raise LeapDecodeError("no prompt: pass PROMPT, - (stdin) or --prompts-file F.jsonl")
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if args.prompt == "-":
+        try:
+            stream = getattr(sys.stdin, "buffer", None)
+            prompt = stream.read().decode("utf-8") if stream is not None else sys.stdin.read()
+        except UnicodeDecodeError as e:
+            raise LeapDecodeError(
+                f"standard input is not valid UTF-8 text (byte {e.start}): convert it first, "
+                "e.g. with iconv"
+            ) from None
+    else:
+        prompt = args.prompt
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:
+            raise LeapDecodeError(
+                "the prompt is not valid UTF-8 text: check the terminal's encoding, or pass "
+                "the text through a file (--prompts-file) or stdin (-)"
+            ) from None
     if not prompt:
         raise LeapDecodeError("the prompt is empty: give at least one character")
     return [prompt]
@@ -138,18 +158,11 @@ def read_prompts_file(path: str) -> list[str]:
 
 
 def _resolve_models(args) -> tuple[str, str | None]:
-    """--target / --draft, or the embedded pair in models/ when --target is not given."""
-    target = args.target or default_model("leap-code-target")
-    if target is None:
-        raise LeapDecodeError(
-            "no --target given and no default model in models/: pass --target PATH"
-        )
-    draft = args.draft
-    if draft is None and args.target is None:
-        draft = default_model("leap-code-draft")
-    if args.method != "draft":
-        return target, None  # only the draft method runs a draft model
-    if draft is None:
+    """--target / --draft, or the embedded pair; a draft is loaded only where it can run."""
+    target, draft = resolve_models(args.target, args.draft)
+    if args.method in ("none", "ngram"):
+        return target, None  # only draft and auto run a draft model
+    if draft is None and args.method == "draft":
         raise LeapDecodeError("method 'draft' needs a draft model: pass --draft PATH")
     return target, draft
 
@@ -161,7 +174,8 @@ def cmd_generate(args) -> int:
     target, draft = _resolve_models(args)
     decoder = LeapDecoder.from_pretrained(
         target, draft=draft, backend=args.backend, device=args.device, dtype=args.dtype,
-        draft_dtype=args.draft_dtype,
+        draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab if draft else None,
+        threads=args.threads,
     )  # fmt: skip
     for prompt in prompts:
         result = decoder.generate(
@@ -177,7 +191,6 @@ def cmd_generate(args) -> int:
             ngram_min=args.ngram_min,
             ngram_max=args.ngram_max,
             draft_min_prob=args.draft_min_prob,
-            draft_vocab=args.draft_vocab,
         )
         if args.json:
             print(json.dumps(result.as_dict()), flush=True)
@@ -185,7 +198,7 @@ def cmd_generate(args) -> int:
             print(prompt + result.text, flush=True)
             s = result.stats
             print(
-                f"[{args.method} k={args.k}] {s.new_tokens} tokens, {s.as_dict()['tokens_per_s']:.1f} tok/s, "
+                f"[{args.method} k={0 if args.method == 'none' else args.k}] {s.new_tokens} tokens, {s.as_dict()['tokens_per_s']:.1f} tok/s, "
                 f"acceptance {s.acceptance_rate:.2f}, {s.mean_accepted_tokens:.2f} tokens/forward, "
                 f"finish={result.finish_reason}",
                 file=sys.stderr,
@@ -213,7 +226,14 @@ def cmd_demo(args) -> int:
     return run_demo(args)
 
 
-COMMANDS = {"generate": cmd_generate, "train": cmd_train, "demo": cmd_demo, "bench": cmd_bench}
+def cmd_serve(args) -> int:
+    from .server.command import cmd_serve as run
+
+    return run(args)
+
+
+COMMANDS = {"generate": cmd_generate, "train": cmd_train, "demo": cmd_demo, "bench": cmd_bench,
+            "serve": cmd_serve}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

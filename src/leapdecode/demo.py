@@ -63,11 +63,11 @@ def make_fallback_pair(root: str = FALLBACK_DIR) -> tuple[str, str]:
 
 def run_demo(args) -> int:
     from .api import LeapDecoder
-    from .cli import default_model
+    from .paths import DRAFT_NAME, TARGET_NAME, default_model
 
     console = Console(stderr=False)
-    target = args.target or default_model("leap-code-target")
-    draft = args.draft or (default_model("leap-code-draft") if not args.target else None)
+    target = args.target or default_model(TARGET_NAME)
+    draft = args.draft or (default_model(DRAFT_NAME) if not args.target else None)
     if target is None or draft is None:
         if args.target:
             raise LeapDecodeError("the demo compares draft decoding too: pass --draft PATH as well")

@@ -21,6 +21,8 @@ class RequestStats:
     propose_s: float = 0.0  # the proposer (draft model forwards, n-gram lookup)
     verify_s: float = 0.0  # the target's verify forwards
     accept_s: float = 0.0  # the acceptance rule, cache rollback, proposer bookkeeping
+    queue_s: float = 0.0  # waiting for a free slot (engine service)
+    first_token_s: float = 0.0  # perf_counter() when the first token came (internal)
 
     def record_step(self, n_proposed: int, n_accepted: int) -> None:
         self.decode_steps += 1
@@ -71,3 +73,94 @@ class RequestStats:
                 for a, p in zip(self.accepted_by_position, self.proposed_by_position, strict=True)
             ],
         }
+
+
+class EngineMetrics:
+    """Server-wide counters in Prometheus form (`leapdecode:` names, in vLLM's style).
+
+    The engine reports each step (`on_step`); the server reports each finished request
+    (`on_finish`) and each rejected one (`on_rejected`). `render()` gives the text format.
+    """
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        r = self.registry = CollectorRegistry()
+        ns = "leapdecode:"
+        self.requests = Counter(ns + "requests", "Finished requests by status", ["status"],
+                                registry=r)  # fmt: skip
+        self.running = Gauge(ns + "num_requests_running", "Sequences in KV slots", registry=r)
+        self.waiting = Gauge(ns + "num_requests_waiting", "Requests waiting for a slot", registry=r)
+        self.prompt_tokens = Counter(ns + "prompt_tokens", "Prefilled prompt tokens", registry=r)
+        self.generation_tokens = Counter(ns + "generation_tokens", "Generated tokens", registry=r)
+        self.draft_tokens = Counter(ns + "spec_decode_num_draft_tokens",
+                                    "Draft tokens proposed", registry=r)  # fmt: skip
+        self.accepted_tokens = Counter(ns + "spec_decode_num_accepted_tokens",
+                                       "Draft tokens accepted", registry=r)  # fmt: skip
+        self.accepted_per_pos = Counter(ns + "spec_decode_num_accepted_tokens_per_pos",
+                                        "Draft tokens accepted by draft position", ["position"],
+                                        registry=r)  # fmt: skip
+        self.proposed_per_pos = Counter(ns + "spec_decode_num_draft_tokens_per_pos",
+                                        "Draft tokens proposed by draft position", ["position"],
+                                        registry=r)  # fmt: skip
+        self.decode_forwards = Counter(ns + "spec_decode_num_target_forwards",
+                                       "Target decode (verify) forwards, summed over sequences",
+                                       registry=r)  # fmt: skip
+        self.acceptance_rate = Gauge(ns + "spec_decode_acceptance_rate",
+                                     "Accepted / proposed draft tokens since start", registry=r)  # fmt: skip
+        self.mean_accepted = Gauge(ns + "spec_decode_mean_accepted_tokens",
+                                   "Tokens per target decode forward (bonus token counted)",
+                                   registry=r)  # fmt: skip
+        lat = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
+        self.ttft = Histogram(ns + "time_to_first_token_seconds", "Arrival to first token",
+                              buckets=lat, registry=r)  # fmt: skip
+        self.itl = Histogram(ns + "inter_token_latency_seconds", "Time per output token after "
+                             "the first", buckets=lat, registry=r)  # fmt: skip
+        self.step_time = Histogram(ns + "step_seconds", "One engine step", buckets=lat, registry=r)
+        self.k_chosen = Histogram(ns + "spec_decode_k", "Draft tokens per sequence and step",
+                                  buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64), registry=r)  # fmt: skip
+        self._proposed = self._accepted = self._steps = 0
+
+    def on_step(self, engine, step_s: float, out) -> None:
+        self.step_time.observe(step_s)
+        self.running.set(len(engine.running))
+        self.waiting.set(len(engine.waiting))
+        for k in engine.last_step_ks:
+            self.k_chosen.observe(k)
+        for seq, toks in out:
+            if not toks:
+                continue
+            self.generation_tokens.inc(len(toks))
+            if seq.n_out == len(toks):  # its first token(s): the prefill step
+                self.prompt_tokens.inc(seq.prompt_len)
+                self.ttft.observe(seq.stats.first_token_s - seq.arrival_s)
+            else:
+                for _ in toks:
+                    self.itl.observe(step_s / len(toks))
+
+    def on_finish(self, seq, status: str) -> None:
+        self.requests.labels(status=status).inc()
+        s = seq.stats
+        self.draft_tokens.inc(s.proposed)
+        self.accepted_tokens.inc(s.accepted)
+        self.decode_forwards.inc(s.decode_steps)
+        for i, (p, a) in enumerate(
+            zip(s.proposed_by_position, s.accepted_by_position, strict=True)
+        ):
+            self.proposed_per_pos.labels(position=str(i)).inc(p)
+            self.accepted_per_pos.labels(position=str(i)).inc(a)
+        self._proposed += s.proposed
+        self._accepted += s.accepted
+        self._steps += s.decode_steps
+        if self._proposed:
+            self.acceptance_rate.set(self._accepted / self._proposed)
+        if self._steps:
+            self.mean_accepted.set((self._accepted + self._steps) / self._steps)
+
+    def on_rejected(self, status: str) -> None:
+        self.requests.labels(status=status).inc()
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)

@@ -8,37 +8,12 @@ Order (as in Hugging Face `generate`): temperature, then top-k, then top-p.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
-from .errors import LeapDecodeError
+from .config import SamplingParams
 
-MAX_TOP_K = 1_000_000
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0  # 0 means greedy (argmax)
-    top_k: int = 0  # 0 means off
-    top_p: float = 1.0  # 1 means off
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        t = self.temperature
-        if not isinstance(t, (int, float)) or math.isnan(t) or math.isinf(t) or t < 0:
-            raise LeapDecodeError(f"temperature must be a number >= 0 (0 = greedy), got {t!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0 or self.top_k > MAX_TOP_K:
-            raise LeapDecodeError(f"top-k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        p = self.top_p
-        if not isinstance(p, (int, float)) or math.isnan(p) or not (0.0 < p <= 1.0):
-            raise LeapDecodeError(f"top-p must be in (0, 1] (1 = off), got {p!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise LeapDecodeError(f"seed must be an integer, got {self.seed!r}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+__all__ = ["SamplingParams", "process_logits", "process_rows", "sample_from"]
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -65,6 +40,39 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, -math.inf)
     return logits.softmax(-1)
+
+
+def process_rows(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """`process_logits` for a mixed batch in one pass: logits [B, T, V], one SamplingParams
+    per row (greedy rows become one-hot). Row b equals process_logits(logits[b], params[b])."""
+    logits = logits.float()
+    batch, _, vocab = logits.shape
+    dev = logits.device
+    greedy = torch.tensor([p.greedy for p in params], device=dev)  # [B]
+    temp = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=dev)
+    x = logits / temp[:, None, None]
+    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else 0 for p in params], device=dev)
+    if bool((top_k > 0).any()):
+        kmax = int(top_k.max())
+        top = torch.topk(x, kmax, dim=-1).values  # [B, T, kmax]
+        idx = (top_k.clamp(min=1) - 1)[:, None, None].expand(batch, x.shape[1], 1)
+        kth = top.gather(-1, idx)  # [B, T, 1]
+        x = torch.where((top_k > 0)[:, None, None] & (x < kth), -math.inf, x)
+    top_p = torch.tensor([p.top_p for p in params], device=dev)
+    if bool((top_p < 1.0).any()):
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        sorted_probs = sorted_x.softmax(-1)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        drop_sorted = mass_before >= top_p[:, None, None]
+        drop_sorted[..., 0] = False
+        drop_sorted &= (top_p < 1.0)[:, None, None]
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        x = x.masked_fill(drop, -math.inf)
+    probs = x.softmax(-1)
+    if bool(greedy.any()):
+        one_hot = torch.nn.functional.one_hot(logits.argmax(-1), vocab).float()
+        probs = torch.where(greedy[:, None, None], one_hot, probs)
+    return probs
 
 
 def sample_from(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:

@@ -1,13 +1,14 @@
-"""One sequence being generated: its tokens, its limits and its stop conditions."""
+"""One sequence being generated: its tokens, its limits, its options and its stop conditions."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
 
+from .config import SamplingParams, SpecConfig
 from .metrics import RequestStats
-from .sampling import SamplingParams
 
 
 def pad_right(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -22,7 +23,6 @@ def pad_right(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
 @dataclass
 class Sequence:
     id: int
-    slot: int  # row in every KV cache
     tokens: list[int]  # prompt + output so far
     prompt_len: int
     params: SamplingParams
@@ -32,9 +32,13 @@ class Sequence:
     stop_strings: tuple[str, ...] = ()
     decode: object = None  # tokens -> str, needed for stop strings
     generator: torch.Generator = field(default_factory=torch.Generator)
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    slot: int = -1  # row in every KV cache, given by the scheduler
     stats: RequestStats = field(default_factory=RequestStats)
     finished: bool = False
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    arrival_s: float = field(default_factory=time.perf_counter)
+    method_used: str = ""  # the method of the last step that drafted (auto picks per step)
 
     @property
     def output(self) -> list[int]:

@@ -61,6 +61,10 @@ def add_parsers(sub, model_args) -> None:
     run.add_argument("--no-peers", action="store_true", help="skip the transformers peers")
     run.add_argument("--methods", default=None,
                      help="only these, comma-separated (none,draft,ngram,hf-generate,hf-assisted,hf-lookup)")  # fmt: skip
+    from .serve import add_parser as add_serve
+
+    add_serve(what, model_args, PROMPTS)
+
     run.add_argument("--quick", action="store_true",
                      help="smoke run: 2 prompts a category, 32 tokens, one round, one k each")  # fmt: skip
 
@@ -68,12 +72,10 @@ def add_parsers(sub, model_args) -> None:
 def cmd_prompts(args) -> int:
     from transformers import AutoTokenizer
 
-    from ..cli import default_model
+    from ..paths import resolve_models
     from . import workloads
 
-    target = args.target or default_model("leap-code-target")
-    if target is None:
-        raise LeapDecodeError("no target: pass --target MODEL_DIR (with corpus_manifest.json)")
+    target, _ = resolve_models(args.target, None)
     if args.per_category < 1:
         raise LeapDecodeError("--per-category must be >= 1")
     tok = AutoTokenizer.from_pretrained(target)
@@ -89,15 +91,12 @@ def cmd_run(args) -> int:
     import transformers
 
     from ..api import LeapDecoder
-    from ..cli import default_model
+    from ..paths import resolve_models
     from . import lossless, report, runner, workloads
     from .peers import HFPeers
 
     transformers.logging.set_verbosity_error()
-    target = args.target or default_model("leap-code-target")
-    draft = args.draft or (default_model("leap-code-draft") if args.target is None else None)
-    if target is None:
-        raise LeapDecodeError("no target model: pass --target MODEL_DIR")
+    target, draft = resolve_models(args.target, args.draft)
     cats = [c.strip() for c in args.categories.split(",") if c.strip()]
     bad = [c for c in cats if c not in workloads.CATEGORIES]
     if bad or not cats:
@@ -123,8 +122,9 @@ def cmd_run(args) -> int:
         sets = {c: rows[:per_cat] for c, rows in sets.items()}
 
     dec = LeapDecoder.from_pretrained(
-        target, draft=draft, device=args.device, dtype=args.dtype, draft_dtype=args.draft_dtype
-    )
+        target, draft=draft, device=args.device, dtype=args.dtype, draft_dtype=args.draft_dtype,
+        draft_vocab=args.draft_vocab, threads=args.threads,
+    )  # fmt: skip
     peers = None if args.no_peers else HFPeers(target, draft, args.dtype, args.draft_dtype)
     methods = runner.method_list(draft_ks, ngram_ks, peer_ks, draft is not None, peers is not None)
     if args.methods:
@@ -133,15 +133,11 @@ def cmd_run(args) -> int:
         if unknown:
             raise LeapDecodeError(f"unknown method {sorted(unknown)[0]!r} in --methods")
         methods = [m for m in methods if m.name in keep]
-    if dec.draft is not None:
-        dec.set_draft_vocab(args.draft_vocab)  # measure c with the head the runs will use
     costs = runner.measure_costs(dec, sorted(set(draft_ks + ngram_ks)))
     t0 = time.perf_counter()
     if not 0 <= args.draft_min_prob < 1:
         raise LeapDecodeError("--draft-min-prob must be in [0, 1)")
-    records = runner.run(
-        dec, peers, sets, methods, repeats, cap, args.draft_min_prob, args.draft_vocab
-    )
+    records = runner.run(dec, peers, sets, methods, repeats, cap, args.draft_min_prob)
     elapsed = time.perf_counter() - t0
 
     prompts = {row["id"]: dec.encode(row["prompt"]) for rows in sets.values() for row in rows}
@@ -222,5 +218,16 @@ def _summary(cells) -> None:
     Console().print(table)
 
 
+def cmd_serve(args) -> int:
+    from .serve import cmd_serve_bench
+
+    args.concurrency = _ks(args.concurrency, "--concurrency")
+    args.draft_k, args.ngram_k = _ks(args.draft_k, "--draft-k"), _ks(args.ngram_k, "--ngram-k")
+    for flag in ("rounds", "requests_per_client", "requests_min"):
+        if getattr(args, flag) < 1:
+            raise LeapDecodeError(f"--{flag.replace('_', '-')} must be >= 1")
+    return cmd_serve_bench(args)
+
+
 def cmd_bench(args) -> int:
-    return {"prompts": cmd_prompts, "run": cmd_run}[args.what](args)
+    return {"prompts": cmd_prompts, "run": cmd_run, "serve": cmd_serve}[args.what](args)

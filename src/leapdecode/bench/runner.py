@@ -73,7 +73,7 @@ def method_list(draft_ks, ngram_ks, peer_ks, with_draft: bool, with_peers: bool)
     return methods
 
 
-def _run_once(dec: LeapDecoder, peers, m: Method, ids, max_new: int, min_prob: float, vocab=None):
+def _run_once(dec: LeapDecoder, peers, m: Method, ids, max_new: int, min_prob: float):
     """(seconds, tokens, stats or None, target forwards)."""
     if m.ours:
         t0 = time.perf_counter()
@@ -88,12 +88,12 @@ def _run_once(dec: LeapDecoder, peers, m: Method, ids, max_new: int, min_prob: f
 
 @torch.no_grad()
 def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Method],
-        repeats: int, max_new_cap: int | None = None, draft_min_prob: float = 0.0,
-        draft_vocab: int | None = None) -> list[Record]:  # fmt: skip
+        repeats: int, max_new_cap: int | None = None,
+        draft_min_prob: float = 0.0) -> list[Record]:  # fmt: skip
     first = next(iter(sets.values()))[0]
     warm_ids = dec.encode(first["prompt"])
     for m in methods:  # warm-up: allocator, oneDNN kernels, caches
-        _run_once(dec, peers, m, warm_ids, 16, draft_min_prob, draft_vocab)
+        _run_once(dec, peers, m, warm_ids, 16, draft_min_prob)
 
     records: list[Record] = []
     total = sum(len(rows) for rows in sets.values()) * repeats * len(methods)

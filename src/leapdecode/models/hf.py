@@ -40,6 +40,10 @@ class TransformersLM(CausalLM):
 
     def truncate(self, slots: torch.Tensor, new_lengths: torch.Tensor) -> None:
         for slot, n in zip(slots.tolist(), new_lengths.tolist(), strict=True):
+            if n == 0:  # a fresh request in this slot
+                self.caches[slot] = DynamicCache(config=self.model.config)
+                self.lens[slot] = 0
+                continue
             extra = int(self.lens[slot]) - n
             if extra > 0:
                 self.caches[slot].crop(-extra)  # a negative count removes that many tokens

@@ -1,4 +1,14 @@
-"""What every proposer offers the engine: guesses for the next tokens of each sequence."""
+"""What every proposer offers the engine: guesses for the next tokens of each sequence.
+
+Lifecycle (the engine calls these at step boundaries):
+    add(seqs)        a request joined (its slot is fresh; per-request state starts here)
+    propose(seqs, ks) up to ks[i] draft tokens for each sequence, continuing seq.tokens
+    accepted(seqs, n) after verification: seqs[i] kept n[i] drafts plus one target token
+    remove(seqs)     a request finished or was aborted; free what is held for it
+
+Shared state (a draft model, its weights and head) is configured once, never per request;
+per-request options travel in `seq.spec`.
+"""
 
 from __future__ import annotations
 
@@ -25,12 +35,41 @@ class Drafts:
         """Deterministic drafts (one-hot q) from per-sequence token lists."""
         return Drafts(*pad_right(rows))
 
+    @staticmethod
+    def merge(parts: list[tuple[list[int], Drafts]], batch: int, vocab: int) -> Drafts:
+        """One batch's drafts from several proposers: parts = [(row indices, their drafts)].
+
+        Rows no part covers get no drafts. Where some part has probabilities and another
+        is deterministic, the deterministic rows get their one-hot q explicitly."""
+        k = max((d.tokens.shape[1] for _, d in parts), default=0)
+        tokens = torch.zeros(batch, k, dtype=torch.long)
+        counts = torch.zeros(batch, dtype=torch.long)
+        with_probs = [d.probs for _, d in parts if d.probs is not None]
+        probs = None
+        if with_probs:
+            probs = with_probs[0].new_zeros(batch, k, vocab)
+        for rows, d in parts:
+            if not rows:
+                continue
+            idx = torch.tensor(rows, dtype=torch.long)
+            w = d.tokens.shape[1]
+            tokens[idx, :w] = d.tokens
+            counts[idx] = d.counts
+            if probs is not None:
+                pidx = idx.to(probs.device)
+                if d.probs is not None:
+                    probs[pidx, :w] = d.probs
+                else:
+                    one_hot = torch.nn.functional.one_hot(d.tokens, vocab).float()
+                    probs[pidx, :w] = one_hot.to(probs.device)
+        return Drafts(tokens, counts, probs)
+
 
 class Proposer(ABC):
     name: str = "none"
 
-    def start(self, seqs: list[Sequence], n_slots: int, max_len: int) -> None:
-        """Called once after the target's prefill (each sequence holds its first token)."""
+    def add(self, seqs: list[Sequence]) -> None:
+        """New requests (fresh slots); start their per-request state."""
 
     @abstractmethod
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Drafts:
@@ -39,8 +78,8 @@ class Proposer(ABC):
     def accepted(self, seqs: list[Sequence], n_accepted: list[int]) -> None:
         """After verification: seqs[i] kept n_accepted[i] drafts plus one target token."""
 
-    def finish(self, seqs: list[Sequence]) -> None:
-        """The sequences are done; free what is held for them."""
+    def remove(self, seqs: list[Sequence]) -> None:
+        """The sequences are done (finished or aborted); free what is held for them."""
 
 
 class NoProposer(Proposer):

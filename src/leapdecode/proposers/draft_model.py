@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..models.base import CausalLM
-from ..sampling import process_logits, sample_from
+from ..sampling import process_rows, sample_from
 from ..sequence import Sequence, pad_right
 from .base import Drafts, Proposer
 
@@ -44,19 +44,26 @@ def write_vocab_ranking(
 
 
 class DraftModelProposer(Proposer):
+    """Drafts with a smaller LM that has its own KV cache, one slot per engine slot.
+
+    The draft model is shared by every request and configured once (its head: see
+    `restrict_head`); a request's confidence cut-off travels in `seq.spec.draft_min_prob`:
+    a row stops drafting once its next draft token's draft probability falls below it.
+    The cut-off depends on the draft alone, so the output stays the target's (greedy and
+    sampled). A row draws its sampling uniforms from its own generator, one per draft it
+    makes, so a seeded row gives the same tokens alone or in any batch.
+    """
+
     name = "draft"
 
-    def __init__(
-        self, model: CausalLM, target_vocab_size: int, min_confidence: float = 0.0
-    ) -> None:
-        """min_confidence: stop drafting once every row's next draft token has a draft
-        probability below it (0 = always draft k). The cut-off depends on the draft alone,
-        so the output stays the target's (greedy and sampled)."""
+    def __init__(self, model: CausalLM, target_vocab_size: int) -> None:
         self.model = model
         self.vocab = target_vocab_size
-        self.min_confidence = min_confidence
-        self.fed: dict[int, int] = {}
-        self.fed_drafts: dict[int, int] = {}
+        self.fed: dict[int, int] = {}  # tokens of seq.tokens in the draft cache
+        self.fed_drafts: dict[int, int] = {}  # drafts in the cache after them
+
+    def allocate(self, n_slots: int, max_len: int) -> None:
+        self.model.allocate(n_slots, max_len)
 
     def _slots(self, seqs: list[Sequence]) -> torch.Tensor:
         return torch.tensor([s.slot for s in seqs], dtype=torch.long)
@@ -82,12 +89,12 @@ class DraftModelProposer(Proposer):
         pad = logits.new_full((logits.shape[0], self.vocab - v), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
 
-    def start(self, seqs: list[Sequence], n_slots: int, max_len: int) -> None:
-        self.model.allocate(n_slots, max_len)
-        self.fed = {s.id: 0 for s in seqs}
-        self.fed_drafts = {s.id: 0 for s in seqs}
-        # Prefill the prompts now; the target's first token is fed with the first proposal.
-        self._catch_up(seqs, upto=[s.prompt_len for s in seqs])
+    def add(self, seqs: list[Sequence]) -> None:
+        # The prompt is fed lazily, with the first proposal (auto may never draft for it).
+        for s in seqs:
+            self.fed[s.id] = 0
+            self.fed_drafts[s.id] = 0
+        self.model.truncate(self._slots(seqs), torch.zeros(len(seqs), dtype=torch.long))
 
     def _catch_up(self, seqs, upto: list[int]) -> torch.Tensor:
         """Feed seq.tokens[fed:upto] for each sequence in one right-padded forward."""
@@ -101,13 +108,15 @@ class DraftModelProposer(Proposer):
             self.fed[s.id] = n
         return logits
 
-    def _choose(self, seqs, logits) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Next draft token per row [B], and the processed q rows [B, V] for sampled rows."""
-        greedy = all(s.params.greedy for s in seqs)
-        if greedy:
+    def _choose(self, seqs, logits, drafting: list[bool]):
+        """Next draft token per row [B], and the processed q rows [B, V] (None: all greedy)."""
+        if all(s.params.greedy for s in seqs):
             return logits.argmax(-1), None
-        q = torch.stack([process_logits(logits[i], s.params) for i, s in enumerate(seqs)])
-        u = torch.stack([torch.rand((), generator=s.generator) for s in seqs])
+        q = process_rows(logits[:, None], [s.params for s in seqs])[:, 0]  # [B, V]
+        u = torch.stack([
+            torch.rand((), generator=s.generator) if go else torch.zeros(())
+            for s, go in zip(seqs, drafting, strict=True)
+        ])  # fmt: skip
         return sample_from(q, u), q  # [B] and [B, V], on the model's device
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Drafts:
@@ -115,39 +124,48 @@ class DraftModelProposer(Proposer):
         if not rows:
             return Drafts.empty(len(seqs))
         active = [seqs[i] for i in rows]
+        want = [ks[i] for i in rows]
         room = self.model.max_context - max(len(s.tokens) for s in active)
-        k = min(max(ks[i] for i in rows), room)
+        k = min(max(want), room)
         if k <= 0:
             return Drafts.empty(len(seqs))
+        want = [min(w, k) for w in want]
+        cut = [s.spec.draft_min_prob for s in active]
         logits = self._catch_up(active, upto=[len(s.tokens) for s in active])
         tokens, probs = [], []
+        made = [0] * len(active)  # drafts each row keeps
         for step in range(k):
-            tok, q = self._choose(active, logits)  # [n], [n, V] | None
+            drafting = [m == step and step < w for m, w in zip(made, want, strict=True)]
+            tok, q = self._choose(active, logits, drafting)  # [n], [n, V] | None
             tokens.append(tok)
             probs.append(q)
-            if step == k - 1:
-                break
-            if self.min_confidence > 0 and not self._confident(logits, q):
+            confident = self._confidence(logits, q)  # [n]
+            for j, go in enumerate(drafting):
+                if go:
+                    made[j] += 1
+                    if cut[j] > 0 and confident[j] < cut[j]:
+                        want[j] = made[j]  # this row stops after this draft
+            if step == k - 1 or not any(m < w for m, w in zip(made, want, strict=True)):
                 break
             logits = self._forward(active, tok[:, None].cpu())
         k = len(tokens)
         for s in active:
             self.fed_drafts[s.id] = k - 1  # drafts now in the draft cache after seq.tokens
-
         out = torch.zeros(len(seqs), k, dtype=torch.long)
         out[rows] = torch.stack(tokens, dim=1).cpu()  # draft tokens travel on the CPU
         counts = torch.zeros(len(seqs), dtype=torch.long)
-        counts[rows] = torch.tensor([min(ks[i], k) for i in rows])
+        counts[rows] = torch.tensor(made)
         q_all = None
         if probs[0] is not None:
             q_all = torch.zeros(len(seqs), k, self.vocab, device=probs[0].device)
             q_all[torch.tensor(rows, device=q_all.device)] = torch.stack(probs, dim=1)
         return Drafts(out, counts, q_all)
 
-    def _confident(self, logits: torch.Tensor, q: torch.Tensor | None) -> bool:
-        """Is any row's latest draft token at least min_confidence likely under the draft?"""
+    @staticmethod
+    def _confidence(logits: torch.Tensor, q: torch.Tensor | None) -> list[float]:
+        """Each row's top draft probability (of the processed q when sampling)."""
         dist = q if q is not None else torch.softmax(logits.float(), dim=-1)  # [n, V]
-        return bool((dist.max(dim=-1).values >= self.min_confidence).any())
+        return dist.max(dim=-1).values.tolist()
 
     def accepted(self, seqs: list[Sequence], n_accepted: list[int]) -> None:
         slots, lens = [], []
@@ -164,7 +182,7 @@ class DraftModelProposer(Proposer):
         if slots:
             self.model.truncate(torch.tensor(slots), torch.tensor(lens))
 
-    def finish(self, seqs: list[Sequence]) -> None:
+    def remove(self, seqs: list[Sequence]) -> None:
         for s in seqs:
             self.fed.pop(s.id, None)
             self.fed_drafts.pop(s.id, None)

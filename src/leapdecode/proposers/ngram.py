@@ -12,7 +12,6 @@ often the copy being written, a few tokens back, and the first is the source).
 
 from __future__ import annotations
 
-from ..errors import LeapDecodeError
 from ..sequence import Sequence
 from .base import Drafts, Proposer
 
@@ -52,28 +51,29 @@ class NgramIndex:
 
 
 class NgramProposer(Proposer):
+    """Prompt lookup; each request's n-gram sizes come from its SpecConfig
+    (`prompt_lookup_min` / `prompt_lookup_max`)."""
+
     name = "ngram"
 
-    def __init__(self, min_n: int = 2, max_n: int = 4) -> None:
-        if not (1 <= min_n <= max_n <= 32):
-            raise LeapDecodeError(
-                f"n-gram sizes must satisfy 1 <= min ({min_n}) <= max ({max_n}) <= 32"
-            )
-        self.min_n, self.max_n = min_n, max_n
+    def __init__(self) -> None:
         self.index: dict[int, NgramIndex] = {}
 
-    def start(self, seqs: list[Sequence], n_slots: int, max_len: int) -> None:
+    def add(self, seqs: list[Sequence]) -> None:
         for seq in seqs:
-            self.index[seq.id] = NgramIndex(self.min_n, self.max_n)
+            self.index[seq.id] = NgramIndex(seq.spec.prompt_lookup_min, seq.spec.prompt_lookup_max)
+
+    def lookup(self, seq: Sequence, k: int) -> list[int]:
+        """Up to k tokens to propose for `seq` now (empty when no n-gram matches)."""
+        if k <= 0:
+            return []
+        index = self.index[seq.id]
+        index.sync(seq.tokens)
+        return index.lookup(seq.tokens, k)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Drafts:
-        rows = []
-        for seq, k in zip(seqs, ks, strict=True):
-            index = self.index[seq.id]
-            index.sync(seq.tokens)
-            rows.append(index.lookup(seq.tokens, k) if k > 0 else [])
-        return Drafts.from_lists(rows)
+        return Drafts.from_lists([self.lookup(s, k) for s, k in zip(seqs, ks, strict=True)])
 
-    def finish(self, seqs: list[Sequence]) -> None:
+    def remove(self, seqs: list[Sequence]) -> None:
         for seq in seqs:
             self.index.pop(seq.id, None)

@@ -1,0 +1,344 @@
+"""`leapdecode bench serve`: the server under load, with the `openai` client.
+
+For each concurrency C, C client threads send the bench prompts (all categories, round
+robin) as streaming completions, each waiting for its answer before sending the next,
+until `requests` have been answered. Every speculation configuration runs through the same
+server (the request's `speculation` field picks it), interleaved per round with the order
+rotated, and each figure is the median over rounds. Reported per (configuration, C):
+throughput (completion tokens per second of wall time), time to first token and
+inter-token latency percentiles (p50, p90), tokens per target forward.
+
+Configurations: `none`; fixed k for `draft` and `ngram`; a static batch-size -> k table
+shaped like SGLang's defaults (bs 1 -> 4 ... bs >= 8 -> 1, bs >= 16 -> 0); `auto`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from ..errors import LeapDecodeError
+
+# A static batch-size -> k table after SGLang's adaptive candidates (bs 1 -> {1,3,5,7},
+# bs 8 -> {0,1,3}, bs 32 -> {0,1}), as vLLM / TRT-LLM static schedules configure it.
+STATIC_TABLE = {"1": 4, "2": 3, "4": 2, "8": 1, "16": 0}
+
+
+@dataclass
+class Config:
+    label: str
+    speculation: dict
+
+
+def configs(has_draft: bool, draft_ks: list[int], ngram_ks: list[int]) -> list[Config]:
+    out = [Config("none", {"method": "none"})]
+    if has_draft:
+        out += [Config(f"draft k={k}", {"method": "draft", "num_speculative_tokens": k})
+                for k in draft_ks]  # fmt: skip
+    out += [Config(f"ngram k={k}", {"method": "ngram", "num_speculative_tokens": k})
+            for k in ngram_ks]  # fmt: skip
+    method = "draft" if has_draft else "ngram"
+    out.append(Config(f"{method} static table", {"method": method, "num_speculative_tokens": 4,
+                                                 "num_speculative_tokens_per_batch_size": STATIC_TABLE}))  # fmt: skip
+    out.append(Config("auto", {"method": "auto", "num_speculative_tokens": 4}))
+    return out
+
+
+def _one_request(client, model: str, row: dict, spec: dict) -> dict:
+    t0 = time.perf_counter()
+    first = None
+    stamps = []
+    usage = spec_stats = None
+    stream = client.completions.create(
+        model=model, prompt=row["prompt"], max_tokens=row["max_new_tokens"], temperature=0,
+        stream=True, extra_body={"speculation": spec},
+    )  # fmt: skip
+    for chunk in stream:
+        now = time.perf_counter()
+        if chunk.choices and chunk.choices[0].text:
+            stamps.append(now)
+            if first is None:
+                first = now - t0
+        if getattr(chunk, "usage", None):
+            usage = chunk.usage
+            spec_stats = (chunk.model_extra or {}).get("speculation")
+    end = time.perf_counter()
+    tokens = usage.completion_tokens if usage else 0
+    itl = (end - t0 - (first or 0)) / max(1, tokens - 1)
+    return {"ttft": first if first is not None else end - t0, "itl": itl, "tokens": tokens,
+            "seconds": end - t0, "spec": spec_stats}  # fmt: skip
+
+
+def run_load(url: str, model: str, rows: list[dict], cfg: Config, concurrency: int,
+             n_requests: int, start: int) -> dict:  # fmt: skip
+    import openai
+
+    results, errors = [], []
+    lock = threading.Lock()
+    counter = iter(range(n_requests))
+
+    def worker():
+        client = openai.OpenAI(base_url=url + "/v1", api_key="bench", max_retries=0, timeout=600)
+        while True:
+            with lock:
+                i = next(counter, None)
+            if i is None:
+                return
+            try:
+                r = _one_request(client, model, rows[(start + i) % len(rows)], cfg.speculation)
+            except Exception as e:  # noqa: BLE001 - counted and reported
+                with lock:
+                    errors.append(f"{type(e).__name__}: {e}")
+                continue
+            with lock:
+                results.append(r)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    tokens = sum(r["tokens"] for r in results)
+    fwd = [r["spec"] for r in results if r["spec"]]
+    mat = statistics.mean(s["mean_accepted_tokens"] for s in fwd) if fwd else 0.0
+    return {"throughput": tokens / wall, "tokens": tokens, "wall_s": wall, "errors": errors,
+            "ttft": [r["ttft"] for r in results], "itl": [r["itl"] for r in results],
+            "mean_accepted_tokens": mat}  # fmt: skip
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def start_server(args, port: int) -> subprocess.Popen:
+    import httpx
+
+    cmd = [sys.executable, "-m", "leapdecode", "serve", "--host", "127.0.0.1", "--port",
+           str(port), "--speculation", "auto", "--max-num-seqs", str(max(args.concurrency)),
+           "--max-queue", "1024", "--dtype", args.dtype]  # fmt: skip
+    for flag in ("target", "draft", "draft_dtype", "threads"):
+        v = getattr(args, flag)
+        if v is not None:
+            cmd += ["--" + flag.replace("_", "-"), str(v)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise LeapDecodeError(f"the server did not start: {proc.stderr.read()[-2000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    proc.kill()
+    raise LeapDecodeError("the server did not answer /health within 300 s")
+
+
+def cmd_serve_bench(args) -> int:
+    import socket
+
+    import httpx
+
+    from . import workloads
+
+    levels = args.concurrency
+    sets = workloads.load(args.prompts)
+    rows = [r for group in zip(*sets.values(), strict=False) for r in group]  # round robin
+    if args.max_new_tokens:
+        rows = [
+            {**r, "max_new_tokens": min(r["max_new_tokens"], args.max_new_tokens)} for r in rows
+        ]
+    proc = None
+    url = args.url
+    if url is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = start_server(args, port)
+        url = f"http://127.0.0.1:{port}"
+    try:
+        info = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]
+        model = info["id"]
+        has_draft = not args.no_draft
+        cfgs = configs(has_draft, args.draft_k, args.ngram_k)
+        if args.configs:
+            keep = set(args.configs.split(","))
+            cfgs = [c for c in cfgs if c.label.split(" ")[0] in keep or c.label in keep]
+        # warm-up: every configuration once
+        for c in cfgs:
+            run_load(url, model, rows, c, 1, 1, 0)
+        cells: dict[tuple[str, int], list[dict]] = {}
+        bar = tqdm(total=len(levels) * args.rounds * len(cfgs), desc="bench serve", unit="run")
+        for conc in levels:
+            n = max(args.requests_min, args.requests_per_client * conc)
+            for r in range(args.rounds):
+                shift = r % len(cfgs)
+                for c in cfgs[shift:] + cfgs[:shift]:
+                    bar.set_postfix_str(f"C={conc} {c.label}")
+                    res = run_load(url, model, rows, c, conc, n, start=r * n)
+                    cells.setdefault((c.label, conc), []).append(res)
+                    bar.update()
+        bar.close()
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+    summary = summarize(cells, cfgs, levels)
+    meta = {"url": args.url or "local server", "model": model, "rounds": args.rounds,
+            "levels": levels, "requests_per_client": args.requests_per_client,
+            "max_new_tokens": args.max_new_tokens, "prompts": len(rows)}  # fmt: skip
+    write(summary, meta, args.out)
+    print(open(os.path.join(args.out, "results.md")).read())
+    return 0
+
+
+def summarize(cells, cfgs, levels) -> list[dict]:
+    out = []
+    for c in cfgs:
+        for conc in levels:
+            runs = cells.get((c.label, conc), [])
+            if not runs:
+                continue
+            ttft = [x for r in runs for x in r["ttft"]]
+            itl = [x for r in runs for x in r["itl"]]
+            out.append({
+                "config": c.label, "speculation": c.speculation, "concurrency": conc,
+                "throughput": statistics.median(r["throughput"] for r in runs),
+                "throughput_rounds": [r["throughput"] for r in runs],
+                "ttft_p50": _pct(ttft, 0.5), "ttft_p90": _pct(ttft, 0.9),
+                "itl_p50": _pct(itl, 0.5), "itl_p90": _pct(itl, 0.9),
+                "mean_accepted_tokens": statistics.median(r["mean_accepted_tokens"] for r in runs),
+                "errors": sum(len(r["errors"]) for r in runs),
+                "error_examples": [e for r in runs for e in r["errors"]][:3],
+            })  # fmt: skip
+    for row in out:
+        base = next(
+            r for r in out if r["config"] == "none" and r["concurrency"] == row["concurrency"]
+        )
+        row["vs_none"] = row["throughput"] / base["throughput"]
+        fixed = [r["throughput"] for r in out if r["concurrency"] == row["concurrency"]
+                 and r["config"] != "auto"]  # fmt: skip
+        row["vs_best_fixed"] = row["throughput"] / max(fixed)
+    return out
+
+
+def write(summary: list[dict], meta: dict, out_dir: str) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump({"meta": meta, "cells": summary}, f, indent=1)
+    levels = meta["levels"]
+    labels = list(dict.fromkeys(r["config"] for r in summary))
+    get = {(r["config"], r["concurrency"]): r for r in summary}
+    lines = [
+        "# `leapdecode bench serve`",
+        "",
+        f"Server: {meta['model']} ({meta['url']}); greedy; streaming completions over the bench "
+        f"prompt sets ({meta['prompts']} prompts, all categories round robin); "
+        f"{meta['requests_per_client']} requests per client thread; configurations interleaved, "
+        f"order rotated each round; median of {meta['rounds']} rounds.",
+        "",
+        "## Throughput (completion tokens/s) and x `none` at the same concurrency",
+        "",
+        "| configuration | " + " | ".join(f"C={c}" for c in levels) + " |",
+        "|---|" + "---|" * len(levels),
+    ]
+    for label in labels:
+        cells = [get.get((label, c)) for c in levels]
+        lines.append(f"| {label} | " + " | ".join(
+            "-" if r is None else f"{r['throughput']:.0f} ({r['vs_none']:.2f}x)" for r in cells) + " |")  # fmt: skip
+    lines += ["", "## `auto` against the best fixed configuration at each concurrency", "",
+              "| concurrency | best fixed | its tokens/s | auto tokens/s | auto / best fixed | "
+              "auto / none | auto / static table |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for c in levels:
+        fixed = [r for r in summary if r["concurrency"] == c and r["config"] != "auto"]
+        auto = get.get(("auto", c))
+        if not fixed or auto is None:
+            continue
+        best = max(fixed, key=lambda r: r["throughput"])
+        table = next((r for r in fixed if "static table" in r["config"]), None)
+        lines.append(f"| {c} | {best['config']} | {best['throughput']:.0f} | {auto['throughput']:.0f} "
+                     f"| {auto['vs_best_fixed']:.2f} | {auto['vs_none']:.2f} | "
+                     f"{auto['throughput'] / table['throughput'] if table else float('nan'):.2f} |")  # fmt: skip
+    lines += ["", "## Latency (seconds): time to first token p50 / p90, inter-token p50 / p90", "",
+              "| configuration | C | TTFT p50 | TTFT p90 | ITL p50 | ITL p90 | tokens/forward | errors |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in summary:
+        lines.append(f"| {r['config']} | {r['concurrency']} | {r['ttft_p50']:.3f} | {r['ttft_p90']:.3f} "
+                     f"| {r['itl_p50'] * 1e3:.1f} ms | {r['itl_p90'] * 1e3:.1f} ms "
+                     f"| {r['mean_accepted_tokens']:.2f} | {r['errors']} |")  # fmt: skip
+    lines += ["", "![throughput](throughput.png) ![latency](latency.png)", ""]
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write("\n".join(lines))
+    _plots(summary, levels, labels, out_dir)
+
+
+def _plots(summary, levels, labels, out_dir) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    get = {(r["config"], r["concurrency"]): r for r in summary}
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label in labels:
+        xs = [c for c in levels if (label, c) in get]
+        style = dict(lw=2.5, color="black") if label == "auto" else dict(lw=1.2)
+        ax.plot(xs, [get[(label, c)]["throughput"] for c in xs], "o-", label=label, **style)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(c) for c in levels])
+    ax.set_xlabel("concurrent clients")
+    ax.set_ylabel("completion tokens / s")
+    ax.set_title("Server throughput by speculation configuration")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "throughput.png"), dpi=120)
+    plt.close(fig)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for label in labels:
+        xs = [c for c in levels if (label, c) in get]
+        axes[0].plot(xs, [get[(label, c)]["ttft_p50"] for c in xs], "o-", label=label)
+        axes[1].plot(xs, [get[(label, c)]["itl_p50"] * 1e3 for c in xs], "o-", label=label)
+    for ax, title in zip(
+        axes, ("time to first token p50 (s)", "inter-token latency p50 (ms)"), strict=True
+    ):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.set_xlabel("concurrent clients")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "latency.png"), dpi=120)
+    plt.close(fig)
+
+
+def add_parser(what, model_args, prompts_dir: str) -> None:
+    sv = what.add_parser("serve", help="load test of `leapdecode serve` with the openai client")
+    model_args(sv)
+    sv.set_defaults(draft_dtype="float32")
+    sv.add_argument("--url", default=None, help="a running server (default: start one here)")
+    sv.add_argument("--no-draft", action="store_true", help="skip the draft configurations")
+    sv.add_argument("--prompts", default=prompts_dir)
+    sv.add_argument("--concurrency", default="1,2,4,8,16")
+    sv.add_argument("--draft-k", default="2,4")
+    sv.add_argument("--ngram-k", default="4,8")
+    sv.add_argument("--configs", default=None, help="only these (none,draft,ngram,auto,...)")
+    sv.add_argument("--rounds", type=int, default=2)
+    sv.add_argument("--requests-per-client", type=int, default=2)
+    sv.add_argument("--requests-min", type=int, default=6)
+    sv.add_argument("--max-new-tokens", type=int, default=None, help="cap each prompt's budget")
+    sv.add_argument("--out", default=os.path.join("docs", "bench", "serve"))

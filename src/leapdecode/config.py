@@ -1,0 +1,129 @@
+"""Options, validated once: how to sample (SamplingParams) and how to speculate (SpecConfig).
+
+Names follow vLLM's where it has one (`num_speculative_tokens`, `prompt_lookup_min`,
+`prompt_lookup_max`). Both are frozen: a request carries its own copy, and shared state
+(a draft model, an n-gram index) is never reconfigured per request.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from .errors import LeapDecodeError
+
+# Every method a request may ask for. `auto` picks, per sequence and per step, the method
+# and the number of draft tokens (0 included) that maximise the whole batch's goodput.
+METHODS = ("none", "draft", "ngram", "auto")
+MAX_K = 64  # the most draft tokens a step may verify per sequence
+MAX_TOP_K = 1_000_000
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 means greedy (argmax)
+    top_k: int = 0  # 0 means off
+    top_p: float = 1.0  # 1 means off
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
+            raise LeapDecodeError(f"temperature must be a number >= 0 (0 = greedy), got {t!r}")
+        if not _is_int(self.top_k) or self.top_k < 0 or self.top_k > MAX_TOP_K:
+            raise LeapDecodeError(f"top-k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        p = self.top_p
+        if not isinstance(p, int | float) or isinstance(p, bool) or math.isnan(p) or not 0 < p <= 1:
+            raise LeapDecodeError(f"top-p must be in (0, 1] (1 = off), got {p!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise LeapDecodeError(f"seed must be an integer, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    method: str = "none"  # none | draft | ngram | auto
+    num_speculative_tokens: int = 4  # k: draft tokens per step (auto: the most it may use)
+    prompt_lookup_min: int = 2  # ngram: shortest n-gram to match
+    prompt_lookup_max: int = 4  # ngram: longest n-gram to match
+    draft_min_prob: float = 0.0  # draft: stop drafting below this draft confidence (0 = off)
+    # A static batch-size -> k table (vLLM's num_speculative_tokens_per_batch_size, TRT-LLM's
+    # draft_len_schedule): ((batch size, k), ...); a batch of B running sequences uses the k
+    # of the largest batch size <= B. Empty: always num_speculative_tokens. Fixed methods only.
+    num_speculative_tokens_per_batch_size: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise LeapDecodeError(
+                f"unknown method {self.method!r}: use one of {', '.join(METHODS)}"
+            )
+        k = self.num_speculative_tokens
+        if not _is_int(k) or not 0 <= k <= MAX_K:
+            raise LeapDecodeError(f"k must be an integer in 0..{MAX_K}, got {k!r}")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if not (_is_int(lo) and _is_int(hi) and 1 <= lo <= hi <= 32):
+            raise LeapDecodeError(
+                f"n-gram sizes must satisfy 1 <= min ({lo!r}) <= max ({hi!r}) <= 32"
+            )
+        m = self.draft_min_prob
+        if not isinstance(m, int | float) or isinstance(m, bool) or not 0 <= m < 1:
+            raise LeapDecodeError(f"draft_min_prob must be in [0, 1), got {m!r}")
+        table = self.num_speculative_tokens_per_batch_size
+        try:
+            table = tuple(sorted((int(b), int(t)) for b, t in table))
+        except (TypeError, ValueError):
+            raise LeapDecodeError(
+                "num_speculative_tokens_per_batch_size must be (batch size, k) pairs"
+            ) from None
+        if any(b < 1 or not 0 <= t <= MAX_K for b, t in table):
+            raise LeapDecodeError(
+                f"num_speculative_tokens_per_batch_size: batch sizes >= 1 and k in 0..{MAX_K}"
+            )
+        object.__setattr__(self, "num_speculative_tokens_per_batch_size", table)
+
+    @property
+    def k(self) -> int:
+        """Draft tokens per step; `none` always drafts 0."""
+        return 0 if self.method == "none" else self.num_speculative_tokens
+
+    def k_at(self, batch: int) -> int:
+        """Draft tokens per step in a batch of `batch` running sequences."""
+        if self.method == "none":
+            return 0
+        k = self.num_speculative_tokens
+        for size, table_k in self.num_speculative_tokens_per_batch_size:
+            if size <= batch:
+                k = table_k
+        return k
+
+
+def parse_k_table(text: str) -> tuple[tuple[int, int], ...]:
+    """'1:4,4:2,8:0' -> ((1, 4), (4, 2), (8, 0))."""
+    try:
+        pairs = tuple((int(b), int(k)) for b, k in (p.split(":") for p in text.split(",") if p))
+    except ValueError:
+        raise LeapDecodeError(
+            f"a batch-size -> k table looks like 1:4,4:2,8:0 (got {text!r})"
+        ) from None
+    return SpecConfig(
+        num_speculative_tokens_per_batch_size=pairs
+    ).num_speculative_tokens_per_batch_size
+
+    def with_overrides(self, method: str | None = None, k: int | None = None,
+                       k_table: tuple | None = None) -> SpecConfig:  # fmt: skip
+        """This config with a request's own method, k and/or batch-size table (validated)."""
+        changes = {}
+        if method is not None:
+            changes["method"] = method
+        if k is not None:
+            changes["num_speculative_tokens"] = k
+        if k_table is not None:
+            changes["num_speculative_tokens_per_batch_size"] = k_table
+        return replace(self, **changes) if changes else self

@@ -1,0 +1,7 @@
+"""The engine: a service stepped one step at a time (propose -> verify -> accept)."""
+
+from .cost_model import CostModel
+from .engine import Engine
+from .scheduler import Scheduler
+
+__all__ = ["CostModel", "Engine", "Scheduler"]

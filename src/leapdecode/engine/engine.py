@@ -1,0 +1,224 @@
+"""The engine as a service: requests join and leave at step boundaries; one step at a time.
+
+    add_request(seq)   queue a request (validated Sequence)
+    abort(id)          drop a request, waiting or running, and free its slot
+    step()             admit waiting requests into free KV slots and prefill them; then one
+                       propose -> verify -> accept round for every running sequence
+
+Every running sequence gets its own method and k each step (0 allowed) from the scheduler
+(`auto` picks them to maximise the batch's goodput). Drafts of different proposers are
+merged into one ragged batch and verified in one target forward.
+
+Cache convention: the target's cache holds every token of a sequence except the last one,
+which is fed at the next step together with that step's drafts:
+
+    input  [last, d1 .. dk]        -> logits [k+1, V]
+    logits[i] scores draft d(i+1); logits[n_accepted] gives the target's own next token
+    cache  keeps last + d1 .. d(n_accepted)   (rollback = truncate, O(1))
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import torch
+
+from ..config import MAX_K
+from ..errors import LeapDecodeError
+from ..models.base import CausalLM
+from ..proposers import DraftModelProposer, Drafts, NgramProposer, NoProposer, Proposer
+from ..sampling import process_rows
+from ..sequence import Sequence, pad_right
+from ..verify import greedy_accept, rejection_accept
+from .scheduler import Scheduler
+
+
+class Engine:
+    def __init__(self, target: CausalLM, draft: CausalLM | None = None, max_num_seqs: int = 16,
+                 metrics=None) -> None:  # fmt: skip
+        if max_num_seqs < 1:
+            raise LeapDecodeError("max_num_seqs must be >= 1")
+        self.target = target
+        self.max_num_seqs = max_num_seqs
+        self.max_len = target.max_context + MAX_K + 1  # room for drafts past the last token
+        self.proposers: dict[str, Proposer] = {"none": NoProposer(), "ngram": NgramProposer()}
+        if draft is not None:
+            self.proposers["draft"] = DraftModelProposer(draft, target.vocab_size)
+        self.draft = draft
+        self.metrics = metrics
+        self.scheduler = Scheduler(self)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.free_slots: list[int] = list(range(max_num_seqs))
+        self._allocated = False
+        self.last_step_ks: list[int] = []  # drafts per sequence in the last decode step
+
+    # ------------------------------------------------------------------ service
+    def allocate(self) -> None:
+        """Reserve every KV slot once (the engine then never reallocates)."""
+        if self._allocated:
+            return
+        self.target.allocate(self.max_num_seqs, self.max_len)
+        if self.draft is not None:
+            self.draft.allocate(self.max_num_seqs, self.max_len)
+        self._allocated = True
+
+    def add_request(self, seq: Sequence) -> None:
+        if seq.spec.method in ("draft",) and self.draft is None:
+            raise LeapDecodeError("method 'draft' needs a draft model: pass --draft PATH")
+        self.allocate()
+        self.waiting.append(seq)
+
+    def abort(self, seq_id) -> Sequence | None:
+        """Drop a request wherever it is; returns it (finish_reason "abort"), or None."""
+        for seq in list(self.waiting):
+            if seq.id == seq_id:
+                self.waiting.remove(seq)
+                seq.finished, seq.finish_reason = True, "abort"
+                return seq
+        for seq in self.running:
+            if seq.id == seq_id:
+                seq.finished, seq.finish_reason = True, "abort"
+                self._retire([seq])
+                return seq
+        return None
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def step(self) -> list[tuple[Sequence, list[int]]]:
+        """One engine step; returns (sequence, tokens it gained) for every sequence touched.
+        A finished sequence (seq.finished) has left the engine when this returns."""
+        if (self.scheduler.cost is None and not self.running
+                and any(s.spec.method == "auto" for s in self.waiting)):  # fmt: skip
+            self.scheduler.ensure_cost_model()  # needs empty caches: profile while idle
+        t0 = time.perf_counter()
+        self.last_step_ks = []
+        admitted = self._admit()
+        out = self._prefill(admitted) if admitted else []
+        decoding = [s for s in self.running if not s.finished and s not in admitted]
+        if decoding:
+            out += self._decode(decoding)
+        self._retire([s for s in self.running if s.finished])
+        if self.metrics is not None:
+            self.metrics.on_step(self, time.perf_counter() - t0, out)
+        return out
+
+    # -------------------------------------------------------------------- steps
+    def _admit(self) -> list[Sequence]:
+        admitted = []
+        while self.waiting and self.free_slots:
+            seq = self.waiting.popleft()
+            seq.slot = self.free_slots.pop(0)
+            admitted.append(seq)
+        if admitted:
+            self.running.extend(admitted)
+            for p in self.proposers.values():
+                p.add(admitted)
+        return admitted
+
+    def _retire(self, done: list[Sequence]) -> None:
+        if not done:
+            return
+        for p in self.proposers.values():
+            p.remove(done)
+        for seq in done:
+            self.running.remove(seq)
+            self.free_slots.append(seq.slot)
+        self.free_slots.sort()
+        self.scheduler.forget(done)
+
+    def _slots(self, seqs: list[Sequence]) -> torch.Tensor:
+        return torch.tensor([s.slot for s in seqs], dtype=torch.long)
+
+    def _prefill(self, seqs: list[Sequence]) -> list[tuple[Sequence, list[int]]]:
+        t0 = time.perf_counter()
+        tokens, lengths = pad_right([s.tokens for s in seqs])
+        slots = self._slots(seqs)
+        self.target.truncate(slots, torch.zeros(len(seqs), dtype=torch.long))
+        logits = self.target.forward(tokens, slots, logits_at=lengths - 1)  # [B, 1, V]
+        self.target.truncate(slots, lengths)
+        _, first = self._verify(seqs, logits, Drafts.empty(len(seqs)))
+        now = time.perf_counter()
+        out = []
+        for s, tok in zip(seqs, first, strict=True):
+            s.stats.target_forwards += 1
+            s.stats.prefill_s = now - t0
+            s.stats.first_token_s = now
+            s.stats.queue_s = t0 - s.arrival_s
+            out.append((s, s.append([tok])))
+        return out
+
+    def _decode(self, seqs: list[Sequence]) -> list[tuple[Sequence, list[int]]]:
+        t0 = time.perf_counter()
+        plan = self.scheduler.plan(seqs)  # [(method, k)] per sequence
+        groups: dict[str, list[int]] = {}
+        for i, (method, k) in enumerate(plan):
+            if k > 0:
+                groups.setdefault(method, []).append(i)
+        parts = []
+        for method, rows in groups.items():
+            proposer = self.proposers[method]
+            parts.append(
+                (rows, proposer.propose([seqs[i] for i in rows], [plan[i][1] for i in rows]))
+            )
+        drafts = Drafts.merge(parts, len(seqs), self.target.vocab_size)
+        t1 = time.perf_counter()
+        slots = self._slots(seqs)
+        last = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.long)  # [B, 1]
+        inputs = torch.cat([last, drafts.tokens], dim=1)  # [B, k+1]
+        cached = self.target.lengths(slots)  # [B]
+        logits = self.target.forward(inputs, slots)  # [B, k+1, V]
+        t2 = time.perf_counter()
+        n_accepted, next_tokens = self._verify(seqs, logits, drafts)
+        self.target.truncate(slots, cached + 1 + torch.tensor(n_accepted))
+        for method, rows in groups.items():
+            self.proposers[method].accepted([seqs[i] for i in rows], [n_accepted[i] for i in rows])
+        counts = drafts.counts.tolist()
+        self.last_step_ks = counts
+        added = []
+        for i, s in enumerate(seqs):
+            s.stats.record_step(counts[i], n_accepted[i])
+            if counts[i]:
+                s.method_used = plan[i][0]
+            new = drafts.tokens[i, : n_accepted[i]].tolist() + [next_tokens[i]]
+            added.append((s, s.append(new)))
+        t3 = time.perf_counter()
+        self.scheduler.observe(seqs, plan, counts, n_accepted, t1 - t0, t2 - t1)
+        for s in seqs:
+            s.stats.propose_s += t1 - t0
+            s.stats.verify_s += t2 - t1
+            s.stats.accept_s += t3 - t2
+            s.stats.decode_s = t3 - s.stats.first_token_s
+        return added
+
+    def _verify(self, seqs, logits, drafts: Drafts) -> tuple[list[int], list[int]]:
+        """The acceptance rule (verify.py) for the whole batch: greedy rows in one call,
+        sampled rows in another, each with its own temperature / top-k / top-p and its own
+        seeded uniforms (n drafts + 1 per step, so a row draws the same alone or batched)."""
+        dev = logits.device
+        k = drafts.tokens.shape[1]
+        tokens, counts = drafts.tokens.to(dev), drafts.counts.to(dev)
+        n_acc = [0] * len(seqs)
+        nxt = [0] * len(seqs)
+        greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
+        sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
+        if greedy:
+            idx = torch.tensor(greedy, device=dev)
+            a, t = greedy_accept(logits[idx], tokens[idx], counts[idx])
+            for j, i in enumerate(greedy):
+                n_acc[i], nxt[i] = int(a[j]), int(t[j])
+        if sampled:
+            idx = torch.tensor(sampled, device=dev)
+            p = process_rows(logits[idx, : k + 1], [seqs[i].params for i in sampled])
+            q = None if drafts.probs is None else drafts.probs.to(dev)[idx]
+            u = torch.zeros(len(sampled), k + 1)
+            for j, i in enumerate(sampled):
+                n = int(drafts.counts[i])
+                draw = torch.rand(n + 1, generator=seqs[i].generator)
+                u[j, :n], u[j, k] = draw[:n], draw[n]
+            a, t = rejection_accept(p, q, tokens[idx], counts[idx], u)
+            for j, i in enumerate(sampled):
+                n_acc[i], nxt[i] = int(a[j]), int(t[j])
+        return n_acc, nxt

@@ -1,0 +1,1 @@
+"""`leapdecode serve`: the OpenAI-compatible server."""

@@ -1,0 +1,260 @@
+"""`leapdecode serve`: an OpenAI-compatible HTTP server on FastAPI, the engine in its own thread.
+
+Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
+GET /metrics. Streaming is Server-Sent Events ending with `data: [DONE]`. A request may
+override the server's speculation with `"speculation": {"method": ..., "num_speculative_tokens":
+...}`. Bad input is a 400 (404 for an unknown model) with an OpenAI-style error body, a full
+queue a 429 with Retry-After; a client that goes away aborts its request and frees its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..api import LeapDecoder
+from ..config import SpecConfig
+from ..errors import LeapDecodeError
+from ..metrics import EngineMetrics
+from . import protocol
+from .protocol import APIError, GenerationRequest
+from .worker import EngineWorker, QueueFull
+
+MAX_BODY = 1 << 20  # bytes
+
+
+def _param_of(message: str) -> str | None:
+    for needle, param in (("temperature", "temperature"), ("top-p", "top_p"), ("top-k", "top_k"),
+                          ("max_new_tokens", "max_tokens"), ("prompt", "prompt"),
+                          ("token id", "prompt"), ("seed", "seed"), ("stop", "stop"),
+                          ("k must", "speculation.num_speculative_tokens"),
+                          ("method", "speculation.method")):  # fmt: skip
+        if needle in message:
+            return param
+    return None
+
+
+def _error(e: APIError, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+def create_app(decoder: LeapDecoder, spec: SpecConfig, model_name: str, max_queue: int = 64,
+               api_key: str | None = None) -> FastAPI:  # fmt: skip
+    metrics = EngineMetrics()
+    engine = decoder.engine
+    engine.metrics = metrics
+    worker = EngineWorker(engine, metrics, max_queue)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.allocate()
+        if spec.method == "auto":
+            engine.scheduler.ensure_cost_model()  # profile the step costs before any request
+        worker.start()
+        yield
+        worker.stop()
+
+    app = FastAPI(title="leapdecode", version="1", lifespan=lifespan)
+    app.state.worker = worker
+    app.state.metrics = metrics
+    created = int(time.time())
+
+    @app.middleware("http")
+    async def _guard(request: Request, call_next):
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > MAX_BODY:
+            return _error(protocol.bad(f"the request body is larger than {MAX_BODY} bytes",
+                                       None, "request_too_large"))  # fmt: skip
+        path = request.url.path
+        if api_key and path.startswith("/v1/"):
+            if request.headers.get("authorization", "") != f"Bearer {api_key}":
+                return _error(APIError(401, "missing or wrong API key: send "
+                                       "'Authorization: Bearer KEY'", None, "invalid_api_key",
+                                       "authentication_error"))  # fmt: skip
+        return await call_next(request)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        return _error(APIError(exc.status_code, str(exc.detail), None, None,
+                               "not_found_error" if exc.status_code == 404 else "invalid_request_error"))  # fmt: skip
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        return _error(protocol.bad(f"invalid request: {exc.errors()}"))
+
+    async def _body(request: Request) -> dict:
+        raw = await request.body()
+        if len(raw) > MAX_BODY:
+            raise protocol.bad(f"the request body is larger than {MAX_BODY} bytes", None,
+                               "request_too_large")  # fmt: skip
+        body = protocol.parse_json(raw)
+        model = body.get("model")
+        if model is not None and model != model_name:
+            raise APIError(404, f"the model {model!r} does not exist: this server serves "
+                           f"{model_name!r} (GET /v1/models)", "model", "model_not_found",
+                           "not_found_error")  # fmt: skip
+        return body
+
+    def _sequence(req: GenerationRequest, prompt):
+        try:
+            seq_spec = spec.with_overrides(req.method, req.k, req.k_table)
+            return decoder.request(prompt, spec=seq_spec, **req.options())
+        except LeapDecodeError as e:
+            raise protocol.bad(str(e), _param_of(str(e))) from None
+
+    async def _run(request: Request, req: GenerationRequest, prompt, kind: str):
+        seq = _sequence(req, prompt)
+        try:
+            events = worker.submit(seq)
+        except QueueFull:
+            return _error(APIError(429, f"the server is busy ({max_queue} requests waiting): "
+                                   "retry later", None, "queue_full", "rate_limit_error"),
+                          headers={"Retry-After": "1"})  # fmt: skip
+        rid = ("cmpl-" if kind == "text_completion" else "chatcmpl-") + uuid.uuid4().hex[:24]
+        if req.stream:
+            return StreamingResponse(_stream(request, seq, events, rid, kind, req),
+                                     media_type="text/event-stream")  # fmt: skip
+        return await _complete(request, seq, events, rid, kind)
+
+    def _usage(seq) -> dict:
+        return {"prompt_tokens": seq.prompt_len, "completion_tokens": seq.n_out,
+                "total_tokens": seq.prompt_len + seq.n_out}  # fmt: skip
+
+    def _spec_stats(seq) -> dict:
+        s = seq.stats.as_dict()
+        return {"method": seq.spec.method, "num_speculative_tokens": seq.spec.num_speculative_tokens,
+                **{k: s[k] for k in ("proposed", "accepted", "acceptance_rate",
+                                     "mean_accepted_tokens", "target_forwards")}}  # fmt: skip
+
+    def _choice(kind: str, text: str, finish: str | None, delta: bool) -> dict:
+        if kind == "text_completion":
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        if delta:
+            return {"index": 0, "delta": {"content": text} if text else {}, "logprobs": None,
+                    "finish_reason": finish}  # fmt: skip
+        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                "finish_reason": finish}  # fmt: skip
+
+    async def _next(request: Request, events: asyncio.Queue):
+        """The next engine event; None once the client has gone away."""
+        while True:
+            try:
+                return await asyncio.wait_for(events.get(), timeout=0.5)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    return None
+
+    async def _complete(request, seq, events, rid, kind):
+        while True:
+            ev = await _next(request, events)
+            if ev is None:
+                worker.abort(seq.id)
+                return Response(status_code=499)
+            if ev.error:
+                return _error(APIError(500, ev.error, None, "internal_error", "server_error"))
+            if ev.finished:
+                break
+        result = decoder.result(seq)
+        finish = "stop" if result.finish_reason == "stop" else "length"
+        return {"id": rid, "object": kind if kind == "text_completion" else "chat.completion",
+                "created": int(time.time()), "model": model_name,
+                "choices": [_choice(kind, result.text, finish, False)], "usage": _usage(seq),
+                "speculation": _spec_stats(seq)}  # fmt: skip
+
+    async def _stream(request, seq, events, rid, kind, req):
+        obj = "text_completion" if kind == "text_completion" else "chat.completion.chunk"
+
+        def chunk(text: str, finish: str | None, usage: dict | None = None) -> str:
+            body = {"id": rid, "object": obj, "created": int(time.time()), "model": model_name,
+                    "choices": [_choice(kind, text, finish, True)]}  # fmt: skip
+            if usage is not None:
+                body["usage"] = usage
+                body["speculation"] = _spec_stats(seq)
+            return f"data: {json.dumps(body)}\n\n"
+
+        sent = ""
+        hold = max((len(x) for x in seq.stop_strings), default=0)
+        done = False
+        try:
+            if kind != "text_completion":
+                yield chunk("", None).replace('"delta": {}', '"delta": {"role": "assistant"}')
+            while True:
+                ev = await _next(request, events)
+                if ev is None:
+                    return
+                if ev.error:
+                    err = APIError(500, ev.error, None, "internal_error", "server_error")
+                    yield f"data: {json.dumps(err.body())}\n\n"
+                    done = True
+                    return
+                if ev.finished:
+                    break
+                text = decoder.decode(seq.output)
+                ready = (text[: len(text) - hold] if hold else text).rstrip("\ufffd")
+                if len(ready) > len(sent) and ready.startswith(sent):
+                    yield chunk(ready[len(sent) :], None)
+                    sent = ready
+            final = decoder.result(seq).text
+            piece = final[len(sent) :] if final.startswith(sent) else ""
+            finish = "stop" if seq.finish_reason == "stop" else "length"
+            yield chunk(piece, finish, _usage(seq) if req.include_usage else None)
+            yield "data: [DONE]\n\n"
+            done = True
+        finally:
+            if not done and not seq.finished:
+                worker.abort(seq.id)  # the client went away: free the slot
+
+    async def _handle(request: Request, chat: bool):
+        try:
+            body = await _body(request)
+            if chat:
+                messages, req = protocol.parse_chat(body)
+                tok = decoder.tokenizer
+                if tok is None or not getattr(tok, "chat_template", None):
+                    raise protocol.bad(
+                        f"the model {model_name!r} has no chat template (it is a code completion "
+                        "model): use POST /v1/completions with a prompt", "messages",
+                        "no_chat_template")  # fmt: skip
+                try:
+                    prompt = tok.apply_chat_template(messages, tokenize=False,
+                                                     add_generation_prompt=True)  # fmt: skip
+                except Exception as e:  # noqa: BLE001 - a template that rejects the messages
+                    raise protocol.bad(f"the chat template rejected the messages: {e}",
+                                       "messages") from None  # fmt: skip
+                return await _run(request, req, prompt, "chat.completion")
+            req = protocol.parse_completion(body)
+            return await _run(request, req, req.prompt, "text_completion")
+        except APIError as e:
+            return _error(e)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _handle(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _handle(request, chat=True)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model",
+                                            "created": created, "owned_by": "leapdecode",
+                                            "max_model_len": decoder.target.max_context}]}  # fmt: skip
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "running": len(engine.running), "waiting": len(engine.waiting)}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app

@@ -1,0 +1,62 @@
+"""`leapdecode serve [--target PATH] [--draft PATH] [--host 127.0.0.1] [--port N] ...`."""
+
+from __future__ import annotations
+
+import os
+
+from ..config import MAX_K, SpecConfig, parse_k_table
+from ..errors import LeapDecodeError
+
+
+def add_parser(sub, model_args) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (continuous batching)")
+    model_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-num-seqs", type=int, default=16, help="sequences decoded together")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests that may wait for a slot; more get 429 (default 64)")  # fmt: skip
+    p.add_argument("--speculation", default="auto", choices=["auto", "none", "draft", "ngram"],
+                   help="the default method (a request may override it; default auto)")  # fmt: skip
+    p.add_argument("--k", type=int, default=4,
+                   help=f"draft tokens per step (auto: the most it may use; 0..{MAX_K})")  # fmt: skip
+    p.add_argument("--k-per-batch-size", default=None, metavar="B:K,...",
+                   help="a static batch-size -> k table for fixed methods, e.g. 1:4,4:2,8:0")  # fmt: skip
+    p.add_argument("--ngram-min", type=int, default=2)
+    p.add_argument("--ngram-max", type=int, default=4)
+    p.add_argument("--draft-vocab", type=int, default=None,
+                   help="the draft proposes only its N most frequent tokens (0 = all)")  # fmt: skip
+    p.add_argument("--api-key", default=os.environ.get("LEAPDECODE_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (or $LEAPDECODE_API_KEY)")  # fmt: skip
+    p.add_argument("--served-model-name", default=None, help="model id (default: folder name)")
+
+
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    from ..api import LeapDecoder
+    from ..paths import resolve_models
+    from .app import create_app
+
+    if not 0 < args.port < 65536:
+        raise LeapDecodeError(f"--port must be in 1..65535, got {args.port}")
+    if args.max_queue < 1:
+        raise LeapDecodeError("--max-queue must be >= 1")
+    table = parse_k_table(args.k_per_batch_size) if args.k_per_batch_size else ()
+    spec = SpecConfig(method=args.speculation, num_speculative_tokens=args.k,
+                      prompt_lookup_min=args.ngram_min, prompt_lookup_max=args.ngram_max,
+                      num_speculative_tokens_per_batch_size=table)  # fmt: skip
+    target, draft = resolve_models(args.target, args.draft)
+    if args.speculation == "draft" and draft is None:
+        raise LeapDecodeError("--speculation draft needs a draft model: pass --draft PATH")
+    dec = LeapDecoder.from_pretrained(target, draft=draft, backend=args.backend,
+                                      device=args.device, dtype=args.dtype,
+                                      draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab,
+                                      max_num_seqs=args.max_num_seqs, threads=args.threads)  # fmt: skip
+    name = args.served_model_name or os.path.basename(os.path.abspath(target))
+    app = create_app(dec, spec, name, args.max_queue, args.api_key)
+    print(f"leapdecode: serving {name!r} on http://{args.host}:{args.port}/v1 "
+          f"(speculation {spec.method}, k {spec.num_speculative_tokens}, "
+          f"{args.max_num_seqs} slots)", flush=True)  # fmt: skip
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0

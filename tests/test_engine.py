@@ -1,0 +1,127 @@
+"""The engine as a service: continuous batching, per-sequence k, seeded rows, `auto`."""
+
+import pytest
+import torch
+
+import helpers
+from helpers import assert_lossless
+from leapdecode import LeapDecodeError, SpecConfig
+from leapdecode.engine import CostModel
+
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def prompts(decoder):
+    text = "\n".join(helpers.stdlib_text())
+    ids = decoder.tokenizer.encode(text)
+    gen = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(16):
+        n = int(torch.randint(4, 50, (1,), generator=gen))
+        s = int(torch.randint(0, len(ids) - n, (1,), generator=gen))
+        out.append(ids[s : s + n])
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(prompts, hf_target):
+    refs = []
+    for p in prompts:
+        with torch.no_grad():
+            out = hf_target.generate(
+                torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                max_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0,
+            )  # fmt: skip
+        refs.append(out[0, len(p) :].tolist())
+    return refs
+
+
+@pytest.mark.parametrize("method", ["none", "draft", "ngram", "auto"])
+def test_greedy_alone_equals_batched_with_15_others(decoder, prompts, reference, hf_target, method):
+    alone = [decoder.generate(prompts[0], method=method, max_new_tokens=MAX_NEW).token_ids]
+    batched = decoder.generate_batch(prompts, method=method, max_new_tokens=MAX_NEW)
+    assert_lossless(prompts[:1], alone, reference[:1], hf_target)
+    assert_lossless(prompts, [r.token_ids for r in batched], reference, hf_target)
+    assert batched[0].token_ids == alone[0]
+
+
+def test_requests_join_and_leave_between_steps(decoder, prompts, reference, hf_target):
+    """Requests added while others run (continuous batching) still give the target's tokens."""
+    engine = decoder.engine
+    seqs = [decoder.request(p, method=m, max_new_tokens=MAX_NEW)
+            for p, m in zip(prompts, ["draft", "ngram", "none", "auto"] * 4, strict=True)]  # fmt: skip
+    pending = list(seqs)
+    steps = 0
+    while pending or engine.has_unfinished():
+        if pending and steps % 3 == 0:  # a newcomer every third step
+            engine.add_request(pending.pop(0))
+        engine.step()
+        steps += 1
+    assert all(s.finished for s in seqs)
+    assert_lossless(prompts, [s.output for s in seqs], reference, hf_target)
+    assert sorted(engine.free_slots) == list(range(engine.max_num_seqs))
+
+
+@pytest.mark.parametrize("method", ["none", "draft", "ngram"])
+def test_seeded_rows_reproduce_alone_and_batched(decoder, prompts, method):
+    opts = dict(method=method, k=3, max_new_tokens=MAX_NEW, temperature=1.3, top_k=40, seed=7)
+    batch = decoder.generate_batch(prompts[:6], **opts)
+    again = decoder.generate_batch(prompts[:6], **opts)
+    assert [r.token_ids for r in batch] == [r.token_ids for r in again]
+    for i in (0, 3, 5):  # row i of a seeded batch is the single run with seed + i
+        single = decoder.generate(prompts[i], **{**opts, "seed": 7 + i})
+        assert single.token_ids == batch[i].token_ids
+
+
+def test_abort_frees_the_slot(decoder, prompts):
+    engine = decoder.engine
+    seq = decoder.request(prompts[0], max_new_tokens=MAX_NEW)
+    engine.add_request(seq)
+    engine.step()
+    assert seq.slot in [s.slot for s in engine.running]
+    assert engine.abort(seq.id) is seq and seq.finish_reason == "abort"
+    assert not engine.has_unfinished()
+    assert sorted(engine.free_slots) == list(range(engine.max_num_seqs))
+    assert engine.abort(seq.id) is None  # already gone
+
+
+def test_spec_config_is_validated_once():
+    assert SpecConfig(method="none", num_speculative_tokens=8).k == 0
+    assert SpecConfig(method="ngram").with_overrides(k=9).num_speculative_tokens == 9
+    for bad in (dict(method="magic"), dict(num_speculative_tokens=65),
+                dict(prompt_lookup_min=3, prompt_lookup_max=2), dict(draft_min_prob=1.0)):  # fmt: skip
+        with pytest.raises(LeapDecodeError):
+            SpecConfig(**bad)
+
+
+def _plan(decoder, prompts, cost):
+    """auto's plan for 8 running sequences under a given cost model."""
+    engine = decoder.engine
+    seqs = [decoder.request(p * 3, method="auto", k=4, max_new_tokens=8) for p in prompts[:8]]
+    for s in seqs:
+        engine.add_request(s)
+    engine.step()  # prefill: all are running now
+    old, engine.scheduler.cost = engine.scheduler.cost, cost
+    try:
+        return engine.scheduler.plan(seqs)
+    finally:
+        engine.scheduler.cost = old
+        for s in seqs:
+            engine.abort(s.id)
+
+
+def test_auto_speculates_when_rows_are_cheap_and_not_when_dear(decoder, prompts):
+    # repeated prompts: n-gram drafts are available for every sequence
+    cheap = CostModel(verify=(0.01, 0.0, 0.0001), draft=(0.0005, 0.0))
+    dear = CostModel(verify=(0.001, 0.0, 0.02), draft=(0.02, 0.0))  # a row costs a whole step
+    assert all(k > 0 for _, k in _plan(decoder, prompts, cheap))
+    assert all(k == 0 for _, k in _plan(decoder, prompts, dear))
+
+
+def test_cost_model_profile_is_positive_and_leaves_caches_empty(decoder):
+    engine = decoder.engine
+    engine.allocate()
+    cost = CostModel.profile(engine.target, engine.draft, 4, max_new=5, reps=1)
+    assert cost.verify_s(4, 12) > 0 and cost.draft_s(4) > 0
+    assert int(engine.target.lengths(torch.arange(4)).sum()) == 0

@@ -1,0 +1,257 @@
+"""`leapdecode serve`, started for real on a free loopback port, driven with the official
+`openai` client and with raw HTTP."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+HOST = "127.0.0.1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, *args: str) -> None:
+        self.port = _free_port()
+        self.url = f"http://{HOST}:{self.port}"
+        env = {**os.environ, "LEAPDECODE_THREADS": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "leapdecode", "serve", "--host", HOST, "--port", str(self.port),
+             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        )  # fmt: skip
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.proc.stdout.read()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        raise RuntimeError("server did not start within 120 s")
+
+    def rss_kb(self) -> int:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server(target_dir, draft_dir):
+    s = Server("--target", target_dir, "--draft", draft_dir, "--speculation", "auto",
+               "--max-num-seqs", "8", "--served-model-name", "tiny")  # fmt: skip
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+PROMPT = "def wrap(text, width):\n    return"
+
+
+def test_completion_with_the_openai_client(client, decoder):
+    out = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0)
+    want = decoder.generate(PROMPT, max_new_tokens=12)  # the same checkpoint, greedy
+    assert out.choices[0].text == want.text
+    assert out.choices[0].finish_reason in ("length", "stop")
+    assert out.usage.completion_tokens == len(want.token_ids)
+    assert out.usage.prompt_tokens == len(decoder.encode(PROMPT))
+    assert out.model == "tiny" and out.id.startswith("cmpl-")
+
+
+def test_token_prompt_and_per_request_speculation(client, decoder):
+    ids = decoder.encode(PROMPT)
+    for method in ("none", "draft", "ngram", "auto"):
+        out = client.completions.create(
+            model="tiny", prompt=ids, max_tokens=10, temperature=0,
+            extra_body={"speculation": {"method": method, "num_speculative_tokens": 3}},
+        )  # fmt: skip
+        assert out.choices[0].text == decoder.generate(ids, max_new_tokens=10).text
+        assert out.model_extra["speculation"]["method"] == method
+
+
+def test_streaming_joins_to_the_full_text_and_ends_with_done(server, client):
+    full = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=20, temperature=0)
+    pieces = []
+    with httpx.stream("POST", server.url + "/v1/completions", json={
+        "model": "tiny", "prompt": PROMPT, "max_tokens": 20, "temperature": 0, "stream": True,
+    }, timeout=60) as r:  # fmt: skip
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[len("data: ") :]) for line in lines[:-1]]
+    pieces = [c["choices"][0]["text"] for c in chunks]
+    assert "".join(pieces) == full.choices[0].text
+    assert chunks[-1]["usage"]["completion_tokens"] == full.usage.completion_tokens
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("length", "stop")
+    # the openai client's own stream reader
+    text = "".join(c.choices[0].text for c in client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=20, temperature=0, stream=True))  # fmt: skip
+    assert text == full.choices[0].text
+
+
+def test_chat_is_refused_for_a_model_without_a_chat_template(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+    assert e.value.status_code == 400
+    assert e.value.body["code"] == "no_chat_template"
+    assert "chat template" in e.value.body["message"]
+
+
+def test_models_health_and_metrics(server, client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert httpx.get(server.url + "/health").json()["status"] == "ok"
+    client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0)
+    text = httpx.get(server.url + "/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("leapdecode:requests", "leapdecode:generation_tokens",
+                 "leapdecode:spec_decode_num_draft_tokens", "leapdecode:time_to_first_token_seconds",
+                 "leapdecode:inter_token_latency_seconds", "leapdecode:step_seconds",
+                 "leapdecode:spec_decode_k", "leapdecode:num_requests_running",
+                 "leapdecode:spec_decode_acceptance_rate"):  # fmt: skip
+        assert name in families, name
+    done = [s for s in families["leapdecode:requests"].samples if s.name.endswith("_total")]
+    assert sum(s.value for s in done) >= 1
+
+
+def test_concurrent_requests_match_the_single_run(server, decoder):
+    prompts = [f"def f{i}(x):\n    return x +" for i in range(12)]
+    want = [decoder.generate(p, max_new_tokens=16).text for p in prompts]
+    got = [None] * len(prompts)
+
+    def one(i):
+        c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        got[i] = c.completions.create(model="tiny", prompt=prompts[i], max_tokens=16,
+                                      temperature=0).choices[0].text  # fmt: skip
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == want
+
+
+def test_seeded_sampling_is_reproducible(client):
+    kw = dict(model="tiny", prompt=PROMPT, max_tokens=12, temperature=1.0, seed=3)
+    a = client.completions.create(**kw).choices[0].text
+    b = client.completions.create(**kw).choices[0].text
+    assert a == b
+
+
+BAD = [
+    (b"{not json", 400, None),
+    (b"[1, 2]", 400, None),
+    (json.dumps({"max_tokens": 5}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": 5}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": ""}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": "x", "max_tokens": 0}).encode(), 400, "max_tokens"),
+    (json.dumps({"prompt": "x", "max_tokens": "ten"}).encode(), 400, "max_tokens"),
+    (json.dumps({"prompt": "x", "max_tokens": 100000}).encode(), 400, "max_tokens"),
+    (json.dumps({"prompt": "x", "temperature": -1}).encode(), 400, "temperature"),
+    (json.dumps({"prompt": "x", "top_p": 0}).encode(), 400, "top_p"),
+    (json.dumps({"prompt": "x", "top_p": 1.5}).encode(), 400, "top_p"),
+    (json.dumps({"prompt": "x", "n": 2}).encode(), 400, "n"),
+    (json.dumps({"prompt": "x", "stream": "yes"}).encode(), 400, "stream"),
+    (json.dumps({"prompt": "x", "stop": [""]}).encode(), 400, "stop"),
+    (json.dumps({"prompt": "x", "speculation": {"method": "magic"}}).encode(), 400,
+     "speculation.method"),
+    (json.dumps({"prompt": "x", "speculation": {"num_speculative_tokens": 99}}).encode(), 400,
+     "num_speculative_tokens"),
+    (json.dumps({"prompt": "word " * 400}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": [10**7]}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": "x", "model": "gpt-9"}).encode(), 404, "model"),
+    (json.dumps({"prompt": "x" * (2 << 20)}).encode(), 400, None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("body,status,param", BAD)
+def test_bad_input_is_a_clear_4xx_and_the_server_keeps_serving(server, client, body, status, param):
+    r = httpx.post(server.url + "/v1/completions", content=body,
+                   headers={"content-type": "application/json"}, timeout=30)  # fmt: skip
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert param in (err["param"] or ""), err
+    ok = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0)
+    assert ok.choices[0].text is not None
+
+
+def test_unknown_route_and_method_are_openai_style_errors(server):
+    r = httpx.get(server.url + "/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+    r = httpx.get(server.url + "/v1/completions")
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_disconnect_mid_stream_frees_the_slot(server, client):
+    with httpx.stream("POST", server.url + "/v1/completions", json={
+        "model": "tiny", "prompt": PROMPT, "max_tokens": 200, "temperature": 0.8, "stream": True,
+        "speculation": {"method": "none"},
+    }, timeout=60) as r:  # fmt: skip
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                break  # one chunk, then hang up
+    deadline = time.time() + 20
+    while time.time() < deadline and httpx.get(server.url + "/health").json()["running"]:
+        time.sleep(0.2)
+    assert httpx.get(server.url + "/health").json()["running"] == 0
+    text = httpx.get(server.url + "/metrics").text
+    aborted = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "leapdecode:requests_total" and s.labels.get("status") == "abort"]  # fmt: skip
+    assert aborted and aborted[0] >= 1
+    ok = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0)
+    assert ok.choices[0].finish_reason in ("length", "stop")
+
+
+def test_api_key_and_full_queue(target_dir):
+    s = Server("--target", target_dir, "--speculation", "none", "--api-key", "sekret",
+               "--max-num-seqs", "1", "--max-queue", "1")  # fmt: skip
+    try:
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        ok = openai.OpenAI(base_url=s.url + "/v1", api_key="sekret", max_retries=0)
+        assert ok.completions.create(model=os.path.basename(target_dir), prompt="x",
+                                     max_tokens=2).choices  # fmt: skip
+        assert httpx.get(s.url + "/health").status_code == 200  # no key needed outside /v1
+
+        codes = []
+
+        def one():
+            r = httpx.post(s.url + "/v1/completions", json={"prompt": "def f():", "max_tokens": 150},
+                           headers={"Authorization": "Bearer sekret"}, timeout=120)  # fmt: skip
+            codes.append((r.status_code, r.headers.get("retry-after")))
+
+        threads = [threading.Thread(target=one) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert any(c == 200 for c, _ in codes)
+        assert any(c == 429 and ra for c, ra in codes), codes
+    finally:
+        s.stop()
