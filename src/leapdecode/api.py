@@ -138,8 +138,8 @@ class LeapDecoder:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise LeapDecodeError(
-                    "the target folder has no tokenizer files (tokenizer.json): pass token ids "
-                    "instead of text, or copy the tokenizer files into the model folder"
+                    "the target folder has no tokenizer files (tokenizer.json): copy them into the model "
+                    "folder, or pass token ids instead of text (Python API)"
                 )
             if not prompt:
                 raise LeapDecodeError("the prompt is empty: give at least one character")

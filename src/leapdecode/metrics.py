@@ -5,6 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def mean_accepted_tokens(accepted: int, decode_steps: int) -> float:
+    """Tokens per target decode forward, the target's own (bonus) token counted: plain
+    decoding gives 1.0. The one definition, for per-request stats and the benchmark alike."""
+    return (accepted + decode_steps) / decode_steps if decode_steps else 0.0
+
+
 @dataclass
 class RequestStats:
     target_forwards: int = 0  # every target forward, the prefill included
@@ -45,9 +51,7 @@ class RequestStats:
     @property
     def mean_accepted_tokens(self) -> float:
         """Tokens per target decode forward, the target's own bonus token included."""
-        if not self.decode_steps:
-            return 0.0
-        return (self.accepted + self.decode_steps) / self.decode_steps
+        return mean_accepted_tokens(self.accepted, self.decode_steps)
 
     @property
     def wall_s(self) -> float:

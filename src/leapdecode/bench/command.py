@@ -62,8 +62,10 @@ def add_parsers(sub, model_args) -> None:
     run.add_argument("--methods", default=None,
                      help="only these, comma-separated (none,draft,ngram,hf-generate,hf-assisted,hf-lookup)")  # fmt: skip
     from .serve import add_parser as add_serve
+    from .serve import add_soak_parser
 
     add_serve(what, model_args, PROMPTS)
+    add_soak_parser(what, model_args, PROMPTS)
 
     run.add_argument("--quick", action="store_true",
                      help="smoke run: 2 prompts a category, 32 tokens, one round, one k each")  # fmt: skip
@@ -229,5 +231,14 @@ def cmd_serve(args) -> int:
     return cmd_serve_bench(args)
 
 
+def cmd_soak(args) -> int:
+    from .serve import cmd_soak as run
+
+    if args.requests < 1 or args.clients < 1 or not 0 <= args.disconnect_share < 1:
+        raise LeapDecodeError("--requests and --clients must be >= 1, --disconnect-share in [0, 1)")
+    return run(args)
+
+
 def cmd_bench(args) -> int:
-    return {"prompts": cmd_prompts, "run": cmd_run, "serve": cmd_serve}[args.what](args)
+    return {"prompts": cmd_prompts, "run": cmd_run, "serve": cmd_serve,
+            "soak": cmd_soak}[args.what](args)  # fmt: skip

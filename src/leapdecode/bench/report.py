@@ -6,6 +6,7 @@ import json
 import os
 from collections import defaultdict
 
+from ..metrics import mean_accepted_tokens
 from .runner import COUNTERPART, Record
 
 
@@ -45,9 +46,10 @@ def aggregate(records: list[Record], costs: dict, mismatches: dict) -> list[dict
             "tokens_per_s": tokens / secs if secs else 0.0,
             "target_forwards": sum(r.target_forwards for r in rs),
             "target_forwards_per_token": sum(r.target_forwards for r in rs) / tokens if tokens else None,
-            # tokens per target decode forward, the target's own token included (the first
-            # token of each prompt comes from the prefill)
-            "mean_accepted_tokens": (tokens - len(rs)) / steps if steps else None,
+            # tokens per target decode forward, the target's own token included
+            "mean_accepted_tokens": (
+                mean_accepted_tokens(sum(r.accepted for r in rs), steps) if steps else None
+            ),
             "acceptance_rate": alpha if ours else None,
             "acceptance_by_position": by_pos if ours else None,
             "mean_proposed_per_step": proposed / steps if ours and steps else None,

@@ -131,8 +131,9 @@ def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Meth
 def _fill_stats(r: Record, runs) -> None:
     """Counters from the first run (they repeat exactly); time split from the median run."""
     stats = runs[0][1]
-    if stats is None:
+    if stats is None:  # a transformers peer: only its forwards and tokens are known
         r.decode_steps = r.target_forwards - 1
+        r.accepted = max(0, len(r.tokens) - 1 - r.decode_steps)  # tokens past one per forward
         return
     r.decode_steps = stats.decode_steps
     r.draft_forwards = stats.draft_forwards

@@ -342,3 +342,125 @@ def add_parser(what, model_args, prompts_dir: str) -> None:
     sv.add_argument("--requests-min", type=int, default=6)
     sv.add_argument("--max-new-tokens", type=int, default=None, help="cap each prompt's budget")
     sv.add_argument("--out", default=os.path.join("docs", "bench", "serve"))
+
+
+def cmd_soak(args) -> int:
+    """500 streaming requests at concurrency 16, 10% of clients hanging up mid-stream: every
+    other request must complete well-formed, no 5xx, and the server's memory must settle."""
+    import random
+    import socket
+
+    import httpx
+
+    from . import workloads
+
+    rows = [r for group in zip(*workloads.load(args.prompts).values(), strict=False) for r in group]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args.concurrency = [args.clients]
+    proc = start_server(args, port)
+    url = f"http://127.0.0.1:{port}"
+
+    def rss_kb() -> int:
+        with open(f"/proc/{proc.pid}/status") as f:
+            return next(int(x.split()[1]) for x in f if x.startswith("VmRSS"))
+
+    outcomes: list[str] = []
+    lock = threading.Lock()
+    counter = iter(range(args.requests))
+    rng = random.Random(0)
+    plan = [rng.random() < args.disconnect_share for _ in range(args.requests)]
+
+    def one(i: int) -> str:
+        row = rows[i % len(rows)]
+        body = {"prompt": row["prompt"], "max_tokens": min(args.max_new_tokens, row["max_new_tokens"]),
+                "temperature": 0, "stream": True, "speculation": {"method": "auto"}}  # fmt: skip
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
+            if r.status_code >= 500:
+                return f"http {r.status_code}"
+            if r.status_code != 200:
+                return f"http {r.status_code}"
+            lines = []
+            for line in r.iter_lines():
+                if not line:
+                    continue
+                lines.append(line)
+                if plan[i] and len(lines) >= 2:
+                    return "disconnected"  # hang up mid-stream
+            if lines[-1] != "data: [DONE]":
+                return "malformed: no [DONE]"
+            last = json.loads(lines[-2][len("data: ") :])
+            if last["choices"][0]["finish_reason"] not in ("stop", "length") or "usage" not in last:
+                return "malformed: last chunk"
+            return "ok"
+
+    def worker():
+        while True:
+            with lock:
+                i = next(counter, None)
+            if i is None:
+                return
+            try:
+                res = one(i)
+            except Exception as e:  # noqa: BLE001 - recorded
+                res = f"error {type(e).__name__}"
+            with lock:
+                outcomes.append(res)
+                bar.update()
+
+    try:
+        # warm-up, then the memory baseline
+        for i in range(4):
+            one(i)
+        before = rss_kb()
+        bar = tqdm(total=args.requests, desc="soak", unit="req")
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=worker) for _ in range(args.clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        bar.close()
+        wall = time.perf_counter() - t0
+        time.sleep(2)
+        health = httpx.get(url + "/health", timeout=10).json()
+        after = rss_kb()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o] = counts.get(o, 0) + 1
+    ok = counts.get("ok", 0)
+    expected_ok = sum(1 for p in plan if not p)
+    lines = ["# Soak: clients that hang up mid-stream", "",
+             f"{args.requests} streaming requests at concurrency {args.clients}, "
+             f"{sum(plan)} of them ({args.disconnect_share:.0%}) hanging up after their first "
+             f"chunk; speculation auto; {wall:.0f} s. `leapdecode bench soak`.", "",
+             "| outcome | requests |", "|---|---|"]  # fmt: skip
+    lines += [f"| {k} | {v} |" for k, v in sorted(counts.items())]
+    lines += ["", f"- completed well-formed: {ok} of the {expected_ok} that did not hang up",
+              f"- server afterwards: running {health['running']}, waiting {health['waiting']}",
+              f"- server RSS: {before / 1024:.0f} MiB before, {after / 1024:.0f} MiB after "
+              f"({(after - before) / before:+.1%})", ""]  # fmt: skip
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "soak.md"), "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+    good = ok == expected_ok and not any(
+        k.startswith(("http 5", "error", "malformed")) for k in counts
+    )
+    return 0 if good and health["running"] == 0 else 1
+
+
+def add_soak_parser(what, model_args, prompts_dir: str) -> None:
+    sk = what.add_parser("soak", help="many requests, some clients hanging up mid-stream")
+    model_args(sk)
+    sk.set_defaults(draft_dtype="float32")
+    sk.add_argument("--prompts", default=prompts_dir)
+    sk.add_argument("--requests", type=int, default=500)
+    sk.add_argument("--clients", type=int, default=16)
+    sk.add_argument("--disconnect-share", type=float, default=0.1)
+    sk.add_argument("--max-new-tokens", type=int, default=64)
+    sk.add_argument("--out", default=os.path.join("docs", "bench", "serve"))

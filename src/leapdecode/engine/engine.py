@@ -51,18 +51,18 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.free_slots: list[int] = list(range(max_num_seqs))
-        self._allocated = False
         self.last_step_ks: list[int] = []  # drafts per sequence in the last decode step
 
     # ------------------------------------------------------------------ service
     def allocate(self) -> None:
-        """Reserve every KV slot once (the engine then never reallocates)."""
-        if self._allocated:
-            return
+        """Reserve every KV slot (cheap when they exist already: the caches are only emptied).
+        Done whenever the engine is idle and gets work, so that code which used the models
+        directly in between (a cost measurement, say) cannot leave them in another shape."""
+        if self.running or self.waiting:
+            return  # the caches are in use
         self.target.allocate(self.max_num_seqs, self.max_len)
         if self.draft is not None:
             self.draft.allocate(self.max_num_seqs, self.max_len)
-        self._allocated = True
 
     def add_request(self, seq: Sequence) -> None:
         if seq.spec.method in ("draft",) and self.draft is None:

@@ -81,7 +81,14 @@ def read_safetensors(path: str) -> dict[str, torch.Tensor]:
         raise NativeUnsupported("no *.safetensors weights")
     state: dict[str, torch.Tensor] = {}
     for name in files:
-        state.update(load_file(os.path.join(path, name)))
+        full = os.path.join(path, name)
+        try:
+            state.update(load_file(full))
+        except Exception as e:  # noqa: BLE001 - SafetensorError, OSError, ...: a damaged file
+            raise LeapDecodeError(
+                f"the weights file {full!r} is damaged or incomplete ({type(e).__name__}: {e}): "
+                "copy or download it again"
+            ) from None
     return state
 
 

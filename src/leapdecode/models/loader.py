@@ -96,5 +96,10 @@ def load_model(
 
     try:
         return TransformersLM(path, config, dev, dt)
-    except (OSError, ValueError) as e:
-        raise LeapDecodeError(f"cannot load the model in {path!r}: {e}") from e
+    except LeapDecodeError:
+        raise
+    except Exception as e:  # noqa: BLE001 - OSError, ValueError, SafetensorError, ...
+        raise LeapDecodeError(
+            f"cannot load the model in {path!r} ({type(e).__name__}: {e}): check that its "
+            "weight files are complete"
+        ) from None

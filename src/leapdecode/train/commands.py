@@ -81,6 +81,10 @@ def add_parsers(sub) -> None:
     sg.add_argument("--batch", type=int, default=16)
     sg.add_argument("--seed", type=int, default=0)
 
+    pg = what.add_parser("progress", help="plot a run's loss and copy signals so far")
+    pg.add_argument("--run-dir", required=True)
+    pg.add_argument("--out", default=os.path.join("docs", "training"))
+
     from .sizing import add_parser as add_sizing
 
     add_sizing(what, _data_args, _loop_args)
@@ -90,6 +94,8 @@ def add_parsers(sub) -> None:
     ev.add_argument("--target", required=True)
     ev.add_argument("--draft", default=None)
     ev.add_argument("--prompts", type=int, default=12, help="validation prompts for acceptance")
+    ev.add_argument("--no-copying", action="store_true",
+                    help="skip the copy, revision and looping tests (greedy generation)")  # fmt: skip
 
 
 def _data_args(p) -> None:
@@ -370,8 +376,15 @@ def cmd_sizing(args) -> int:
     return run(args)
 
 
+def cmd_progress(args) -> int:
+    from .progress import write
+
+    print(write(args.run_dir, args.out))
+    return 0
+
+
 def cmd_train(args) -> int:
     return {"tokenizer": cmd_tokenizer, "target": cmd_target, "draft": cmd_draft,
-            "sizing": cmd_sizing,
+            "sizing": cmd_sizing, "progress": cmd_progress,
             "evaluate": cmd_evaluate, "selfgen": cmd_selfgen,
             "edits": cmd_edits}[args.what](args)  # fmt: skip
