@@ -103,6 +103,18 @@ class SpecConfig:
                 k = table_k
         return k
 
+    def with_overrides(self, method: str | None = None, k: int | None = None,
+                       k_table: tuple | None = None) -> SpecConfig:  # fmt: skip
+        """This config with a request's own method, k and/or batch-size table (validated)."""
+        changes = {}
+        if method is not None:
+            changes["method"] = method
+        if k is not None:
+            changes["num_speculative_tokens"] = k
+        if k_table is not None:
+            changes["num_speculative_tokens_per_batch_size"] = k_table
+        return replace(self, **changes) if changes else self
+
 
 def parse_k_table(text: str) -> tuple[tuple[int, int], ...]:
     """'1:4,4:2,8:0' -> ((1, 4), (4, 2), (8, 0))."""
@@ -115,15 +127,3 @@ def parse_k_table(text: str) -> tuple[tuple[int, int], ...]:
     return SpecConfig(
         num_speculative_tokens_per_batch_size=pairs
     ).num_speculative_tokens_per_batch_size
-
-    def with_overrides(self, method: str | None = None, k: int | None = None,
-                       k_table: tuple | None = None) -> SpecConfig:  # fmt: skip
-        """This config with a request's own method, k and/or batch-size table (validated)."""
-        changes = {}
-        if method is not None:
-            changes["method"] = method
-        if k is not None:
-            changes["num_speculative_tokens"] = k
-        if k_table is not None:
-            changes["num_speculative_tokens_per_batch_size"] = k_table
-        return replace(self, **changes) if changes else self

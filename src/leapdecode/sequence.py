@@ -20,7 +20,7 @@ def pad_right(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens, torch.tensor([len(r) for r in rows], dtype=torch.long)
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: the engine keeps them in lists
 class Sequence:
     id: int
     tokens: list[int]  # prompt + output so far

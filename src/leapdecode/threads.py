@@ -17,9 +17,20 @@ import torch
 
 from .errors import LeapDecodeError
 
-# Chosen by measurement (README, "Threads"): decode tokens/s of the embedded pair with 1 and
-# 2 threads on the 2-core machine, idle and with two busy processes beside it.
-DEFAULT_THREADS = 1
+# Chosen by measurement (docs/threads.md, `python bench/threads.py`): greedy decoding of the
+# embedded target on the 2-core machine gave, idle, 69 tok/s with 1 thread and 100 with 2;
+# with two busy processes beside it, 41 tok/s with 1 thread and 14 with 2. So the default is
+# every core nobody else is using: the cores this process may run on, less the machine's
+# recent load (1-minute load average, rounded), and at least one.
+
+
+def default_threads() -> int:
+    cores = available_cores()
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not available on this platform
+        load = 0.0
+    return max(1, cores - int(round(load)))
 
 
 def available_cores() -> int:
@@ -40,7 +51,7 @@ def resolve_threads(threads: int | None) -> int:
                     f"LEAPDECODE_THREADS must be an integer, got {env!r}"
                 ) from None
         else:
-            threads = DEFAULT_THREADS
+            threads = default_threads()
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise LeapDecodeError(f"threads must be an integer >= 1, got {threads!r}")
     return min(threads, available_cores())

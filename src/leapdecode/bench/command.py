@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from ..config import MAX_K
 from ..errors import LeapDecodeError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
@@ -19,8 +20,8 @@ def _ks(text: str, flag: str) -> list[int]:
         ks = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
         raise LeapDecodeError(f"{flag} takes comma-separated integers, e.g. 2,4,8") from None
-    if not ks or any(not 1 <= k <= 64 for k in ks):
-        raise LeapDecodeError(f"{flag}: every k must be in 1..64")
+    if not ks or any(not 1 <= k <= MAX_K for k in ks):
+        raise LeapDecodeError(f"{flag}: every k must be in 1..{MAX_K}")
     return ks
 
 

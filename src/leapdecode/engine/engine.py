@@ -97,7 +97,8 @@ class Engine:
         self.last_step_ks = []
         admitted = self._admit()
         out = self._prefill(admitted) if admitted else []
-        decoding = [s for s in self.running if not s.finished and s not in admitted]
+        new = {id(s) for s in admitted}
+        decoding = [s for s in self.running if not s.finished and id(s) not in new]
         if decoding:
             out += self._decode(decoding)
         self._retire([s for s in self.running if s.finished])

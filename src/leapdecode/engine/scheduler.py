@@ -149,15 +149,13 @@ class Scheduler:
                 m = methods.index(method)
                 gain[j, m, 1 : lim + 1] = np.cumsum(a ** ks[1 : lim + 1])
         base = a_v + b_v * n + c_v * (n + fixed_rows)
-        draft_depths = (
-            [0] + list(range(max(1, fixed_dk), top + 1))
-            if "draft" in self.engine.proposers
-            else [0]
-        )
-        best_g, best_pick = -1.0, None
+        draft_depths = [0]
+        if "draft" in self.engine.proposers:
+            draft_depths += list(range(max(1, fixed_dk), max(top, fixed_dk) + 1))
+        best_g, best_pick = -1.0, np.zeros(len(auto), dtype=np.int64)  # fallback: k = 0
         for kd in draft_depths:
-            if kd == 0 and fixed_dk:
-                continue
+            if kd < fixed_dk:
+                continue  # fixed draft rows make fixed_dk draft forwards anyway
             row_cost = np.broadcast_to(c_v * ks, (len(auto), 2, top + 1)).copy()  # [A, 2, K+1]
             row_cost[:, 1, :] += b_d * kd  # a drafting row rides every draft forward
             row_cost[:, :, 0] = 0.0

@@ -71,6 +71,9 @@ def create_app(decoder: LeapDecoder, spec: SpecConfig, model_name: str, max_queu
     async def _guard(request: Request, call_next):
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > MAX_BODY:
+            if int(size) <= 64 * MAX_BODY:  # read it away, so the client sees the answer
+                async for _ in request.stream():
+                    pass
             return _error(protocol.bad(f"the request body is larger than {MAX_BODY} bytes",
                                        None, "request_too_large"))  # fmt: skip
         path = request.url.path
@@ -85,6 +88,11 @@ def create_app(decoder: LeapDecoder, spec: SpecConfig, model_name: str, max_queu
     async def _http_error(request: Request, exc: StarletteHTTPException):
         return _error(APIError(exc.status_code, str(exc.detail), None, None,
                                "not_found_error" if exc.status_code == 404 else "invalid_request_error"))  # fmt: skip
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception):
+        return _error(APIError(500, f"internal error: {type(exc).__name__}: {exc}", None,
+                               "internal_error", "server_error"))  # fmt: skip
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):

@@ -40,18 +40,33 @@ def parse_candidates(text: str) -> list[dict]:
     return out
 
 
-def fit_curve(t: np.ndarray, loss: np.ndarray) -> tuple[float, float, float]:
-    """Least-squares L = a + b * t^-c over a grid of c (a, b by linear least squares)."""
+MIN_LOSS = 1.0  # nats/token: no small model gets below this on code; keeps fits physical
+EXPONENTS = np.linspace(0.2, 1.2, 51)
+
+
+def _fit_ab(t: np.ndarray, loss: np.ndarray, c: float) -> tuple[float, float, float]:
+    """a, b of L = a + b t^-c by least squares (a >= MIN_LOSS), and the squared error."""
+    x = np.stack([np.ones_like(t), t**-c], 1)
+    coef, *_ = np.linalg.lstsq(x, loss, rcond=None)
+    if coef[0] < MIN_LOSS:  # refit b with a pinned at the floor
+        coef = np.array([MIN_LOSS, float(((loss - MIN_LOSS) @ t**-c) / (t**-c @ t**-c))])
+    return float(coef[0]), float(coef[1]), float(((x @ coef - loss) ** 2).sum())
+
+
+def fit_curves(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, list[tuple[float, float]]]:
+    """L_i = a_i + b_i t^-c with one exponent c shared by every candidate.
+
+    A short run cannot tell a floor from a slope on its own (a free exponent per curve
+    extrapolates some to impossible losses); learning curves of one model family on one
+    data stream share their shape, so the exponent is fitted jointly and each candidate
+    keeps its own offset and scale."""
     best = None
-    for c in np.linspace(0.05, 1.5, 59):
-        x = np.stack([np.ones_like(t), t**-c], 1)
-        coef, *_ = np.linalg.lstsq(x, loss, rcond=None)
-        err = float(((x @ coef - loss) ** 2).sum())
-        if coef[1] >= 0 and (best is None or err < best[0]):
-            best = (err, float(coef[0]), float(coef[1]), float(c))
-    if best is None:
-        return float(loss[-1]), 0.0, 1.0
-    return best[1:]
+    for c in EXPONENTS:
+        fits = [_fit_ab(t, y, c) for t, y in curves]
+        err = sum(f[2] for f in fits)
+        if best is None or err < best[0]:
+            best = (err, float(c), [(a, b) for a, b, _ in fits])
+    return best[1], best[2]
 
 
 def _draft_models(run_dir: str, vocab: int) -> dict[str, str]:
@@ -98,11 +113,16 @@ def run(args) -> int:
     ms = interleaved_decode_ms({**models, **drafts}, draft_names=set(drafts))
     budget_s = args.budget_hours * 3600
     cheapest_draft = min(ms[n] for n in drafts)
+    curves = []
     for r in results:
         t = np.array([e["train_s"] for e in r["log"]])
         y = np.array([e["val_loss"] for e in r["log"]])
         late = t >= t[-1] * 0.3
-        a, b, c = fit_curve(t[late], y[late])
+        curves.append((t[late], y[late]))
+    c, ab = fit_curves(curves)
+    for r, (a, b) in zip(results, ab, strict=True):
+        t = np.array([e["train_s"] for e in r["log"]])
+        y = np.array([e["val_loss"] for e in r["log"]])
         r["fit"] = {"a": a, "b": b, "c": c}
         r["final_val_loss"] = float(y[-1])
         r["tokens_seen"] = r["log"][-1]["tokens_seen"]
@@ -136,8 +156,8 @@ def _write_table(report: dict, drafts: dict, path: str) -> None:
         f"Each candidate trained for {report['minutes_each']:g} minutes of training time on the "
         f"same batches (schedule `{report['schedule']}`, repeat share {report['repeat_share']}, "
         f"revision share {report['edit_share']}, peak lr {report['lr']}), float32 on the "
-        "2-core CPU. Validation loss is fitted as L = a + b t^-c over the later 70% of each "
-        f"run and extrapolated to the main budget of {report['budget_hours']:g} h. Decode: "
+        "2-core CPU. Validation loss is fitted as L = a + b t^-c (one exponent c for all "
+        "candidates, a >= 1) over the later 70% of each run and extrapolated to the main budget of {report['budget_hours']:g} h. Decode: "
         "native backend, bf16 weights for the targets and float32 for the 1-layer drafts "
         "(2048-token head), one token after 256 cached, median of one interleaved run.",
         "",
