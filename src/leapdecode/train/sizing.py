@@ -53,7 +53,9 @@ def _fit_ab(t: np.ndarray, loss: np.ndarray, c: float) -> tuple[float, float, fl
     return float(coef[0]), float(coef[1]), float(((x @ coef - loss) ** 2).sum())
 
 
-def fit_curves(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, list[tuple[float, float]]]:
+def fit_curves(
+    curves: list[tuple[np.ndarray, np.ndarray]],
+) -> tuple[float, list[tuple[float, float]]]:
     """L_i = a_i + b_i t^-c with one exponent c shared by every candidate.
 
     A short run cannot tell a floor from a slope on its own (a free exponent per curve
