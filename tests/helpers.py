@@ -93,3 +93,28 @@ def assert_lossless(prompts, outputs, reference, hf_target):
         assert margin < TIE, f"non-tie divergence at {i} (top-2 margin {margin:.2e})"
         ties += 1
     assert ties <= 2, f"{ties} tie divergences: suspiciously many"
+
+
+def random_prompts(tokenizer, n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
+    """n prompts of lo..hi-1 tokens cut at random from standard-library code."""
+    ids = tokenizer.encode("\n".join(stdlib_text()))
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        k = int(torch.randint(lo, hi, (1,), generator=gen))
+        start = int(torch.randint(0, len(ids) - k, (1,), generator=gen))
+        out.append(ids[start : start + k])
+    return out
+
+
+def greedy_reference(hf_target, prompts, max_new: int) -> list[list[int]]:
+    """transformers' own greedy continuation of each prompt: the reference for losslessness."""
+    refs = []
+    for p in prompts:
+        with torch.no_grad():
+            out = hf_target.generate(
+                torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                max_new_tokens=max_new, do_sample=False, pad_token_id=0,
+            )  # fmt: skip
+        refs.append(out[0, len(p) :].tolist())
+    return refs

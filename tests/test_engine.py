@@ -13,28 +13,12 @@ MAX_NEW = 24
 
 @pytest.fixture(scope="module")
 def prompts(decoder):
-    text = "\n".join(helpers.stdlib_text())
-    ids = decoder.tokenizer.encode(text)
-    gen = torch.Generator().manual_seed(1)
-    out = []
-    for _ in range(16):
-        n = int(torch.randint(4, 50, (1,), generator=gen))
-        s = int(torch.randint(0, len(ids) - n, (1,), generator=gen))
-        out.append(ids[s : s + n])
-    return out
+    return helpers.random_prompts(decoder.tokenizer, 16, 4, 50, seed=1)
 
 
 @pytest.fixture(scope="module")
 def reference(prompts, hf_target):
-    refs = []
-    for p in prompts:
-        with torch.no_grad():
-            out = hf_target.generate(
-                torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                max_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0,
-            )  # fmt: skip
-        refs.append(out[0, len(p) :].tolist())
-    return refs
+    return helpers.greedy_reference(hf_target, prompts, MAX_NEW)
 
 
 @pytest.mark.parametrize("method", ["none", "draft", "ngram", "auto"])

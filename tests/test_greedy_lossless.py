@@ -5,7 +5,6 @@ position differ by less than 1e-4. The test measures that margin; it does not sk
 """
 
 import pytest
-import torch
 
 import helpers
 from helpers import assert_lossless
@@ -16,29 +15,12 @@ MAX_NEW = 32
 
 @pytest.fixture(scope="module")
 def prompts(decoder):
-    """50 prompts of 3..60 tokens cut from standard-library code."""
-    text = "\n".join(helpers.stdlib_text())
-    ids = decoder.tokenizer.encode(text)
-    gen = torch.Generator().manual_seed(0)
-    out = []
-    for _ in range(N_PROMPTS):
-        n = int(torch.randint(3, 61, (1,), generator=gen))
-        start = int(torch.randint(0, len(ids) - n, (1,), generator=gen))
-        out.append(ids[start : start + n])
-    return out
+    return helpers.random_prompts(decoder.tokenizer, N_PROMPTS, 3, 61, seed=0)
 
 
 @pytest.fixture(scope="module")
 def reference(prompts, hf_target):
-    refs = []
-    for p in prompts:
-        with torch.no_grad():
-            out = hf_target.generate(
-                torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                max_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0,
-            )  # fmt: skip
-        refs.append(out[0, len(p) :].tolist())
-    return refs
+    return helpers.greedy_reference(hf_target, prompts, MAX_NEW)
 
 
 @pytest.mark.parametrize("method", ["none", "draft", "ngram"])

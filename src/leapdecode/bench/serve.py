@@ -77,36 +77,52 @@ def _one_request(client, model: str, row: dict, spec: dict) -> dict:
             "seconds": end - t0, "spec": spec_stats}  # fmt: skip
 
 
-def run_load(url: str, model: str, rows: list[dict], cfg: Config, concurrency: int,
-             n_requests: int, start: int) -> dict:  # fmt: skip
-    import openai
-
-    results, errors = [], []
-    lock = threading.Lock()
-    counter = iter(range(n_requests))
+def parallel(n_items: int, n_threads: int, fn, on_done=None) -> list:
+    """fn(i) for i in range(n_items) on n_threads client threads, each taking the next item
+    when its last one is done (a closed loop, as real clients behave). Returns the results in
+    completion order; an exception becomes the string "error <Type>: <message>"."""
+    results, lock = [], threading.Lock()
+    counter = iter(range(n_items))
 
     def worker():
-        client = openai.OpenAI(base_url=url + "/v1", api_key="bench", max_retries=0, timeout=600)
         while True:
             with lock:
                 i = next(counter, None)
             if i is None:
                 return
             try:
-                r = _one_request(client, model, rows[(start + i) % len(rows)], cfg.speculation)
-            except Exception as e:  # noqa: BLE001 - counted and reported
-                with lock:
-                    errors.append(f"{type(e).__name__}: {e}")
-                continue
+                res = fn(i)
+            except Exception as e:  # noqa: BLE001 - recorded, the load goes on
+                res = f"error {type(e).__name__}: {e}"
             with lock:
-                results.append(r)
+                results.append(res)
+                if on_done is not None:
+                    on_done()
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    threads = [threading.Thread(target=worker) for _ in range(n_threads)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    return results
+
+
+def run_load(url: str, model: str, rows: list[dict], cfg: Config, concurrency: int,
+             n_requests: int, start: int) -> dict:  # fmt: skip
+    import openai
+
+    local = threading.local()
+
+    def one(i: int) -> dict:
+        if not hasattr(local, "client"):
+            local.client = openai.OpenAI(base_url=url + "/v1", api_key="bench", max_retries=0,
+                                         timeout=600)  # fmt: skip
+        return _one_request(local.client, model, rows[(start + i) % len(rows)], cfg.speculation)
+
+    t0 = time.perf_counter()
+    out = parallel(n_requests, concurrency, one)
+    results = [r for r in out if isinstance(r, dict)]
+    errors = [r for r in out if isinstance(r, str)]
     wall = time.perf_counter() - t0
     tokens = sum(r["tokens"] for r in results)
     fwd = [r["spec"] for r in results if r["spec"]]
@@ -366,9 +382,6 @@ def cmd_soak(args) -> int:
         with open(f"/proc/{proc.pid}/status") as f:
             return next(int(x.split()[1]) for x in f if x.startswith("VmRSS"))
 
-    outcomes: list[str] = []
-    lock = threading.Lock()
-    counter = iter(range(args.requests))
     rng = random.Random(0)
     plan = [rng.random() < args.disconnect_share for _ in range(args.requests)]
 
@@ -395,20 +408,6 @@ def cmd_soak(args) -> int:
                 return "malformed: last chunk"
             return "ok"
 
-    def worker():
-        while True:
-            with lock:
-                i = next(counter, None)
-            if i is None:
-                return
-            try:
-                res = one(i)
-            except Exception as e:  # noqa: BLE001 - recorded
-                res = f"error {type(e).__name__}"
-            with lock:
-                outcomes.append(res)
-                bar.update()
-
     try:
         # warm-up, then the memory baseline
         for i in range(4):
@@ -416,11 +415,8 @@ def cmd_soak(args) -> int:
         before = rss_kb()
         bar = tqdm(total=args.requests, desc="soak", unit="req")
         t0 = time.perf_counter()
-        threads = [threading.Thread(target=worker) for _ in range(args.clients)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        outcomes = parallel(args.requests, args.clients, one, on_done=bar.update)
+        outcomes = [o.split(":")[0] for o in outcomes]  # "error <Type>" without the message
         bar.close()
         wall = time.perf_counter() - t0
         time.sleep(2)
