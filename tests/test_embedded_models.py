@@ -66,8 +66,9 @@ def test_cli_defaults_to_the_embedded_pair(capsys):
 
 
 def test_bfloat16_speculation_equals_plain_decoding_and_transformers_up_to_ties():
-    """In the checkpoint's own dtype (bfloat16, the CLI default): every method emits what
-    `none` emits, and `none` emits what transformers does, except after a top-2 tie."""
+    """In the checkpoint's own dtype (bfloat16; the default on CPUs with native bf16, and on
+    CUDA): every method emits what `none` emits, and `none` emits what transformers does,
+    except after a top-2 tie."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from leapdecode.bench.lossless import first_difference, tie_tolerance

@@ -97,8 +97,9 @@ def _plan(decoder, prompts, cost):
 
 def test_auto_speculates_when_rows_are_cheap_and_not_when_dear(decoder, prompts):
     # repeated prompts: n-gram drafts are available for every sequence
-    cheap = CostModel(verify=(0.01, 0.0, 0.0001), draft=(0.0005, 0.0))
-    dear = CostModel(verify=(0.001, 0.0, 0.02), draft=(0.02, 0.0))  # a row costs a whole step
+    # per batch size 1 and 8, per 1 / 2 new tokens a sequence: seconds
+    cheap = CostModel((1, 8), (1, 2), ((0.01, 0.0101), (0.02, 0.0208)), (0.0005, 0.0006))
+    dear = CostModel((1, 8), (1, 2), ((0.01, 0.02), (0.02, 0.04)), (0.01, 0.02))  # rows add up
     assert all(k > 0 for _, k in _plan(decoder, prompts, cheap))
     assert all(k == 0 for _, k in _plan(decoder, prompts, dear))
 
@@ -106,6 +107,6 @@ def test_auto_speculates_when_rows_are_cheap_and_not_when_dear(decoder, prompts)
 def test_cost_model_profile_is_positive_and_leaves_caches_empty(decoder):
     engine = decoder.engine
     engine.allocate()
-    cost = CostModel.profile(engine.target, engine.draft, 4, max_new=5, reps=1)
+    cost = CostModel.profile(engine.target, engine.draft, 4, reps=1)
     assert cost.verify_s(4, 12) > 0 and cost.draft_s(4) > 0
     assert int(engine.target.lengths(torch.arange(4)).sum()) == 0

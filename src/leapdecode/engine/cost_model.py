@@ -1,10 +1,13 @@
 """What a step costs on this machine: the target's verify forward and a draft forward.
 
-Profiled once when `auto` is first needed: forwards of B sequences x T new tokens over a
-short cached prefix, fitted by least squares as
+Profiled once (when `auto` is first needed, or at server start): forwards of B sequences x T
+new tokens each over a short cached prefix, on a grid B in {1, 2, 4, ...} up to the slot
+count and T in {1, 2, 4, 8, 16}. A forward's cost is flat in T while per-operator overhead
+dominates and grows linearly once arithmetic does, so no single line fits it: the measured
+table is kept and interpolated,
 
-    verify_s(B, R) = a + b * B + c * R        (R = all rows of the step, sum of k_i + 1)
-    draft_s(B)     = a_d + b_d * B            (one draft forward of B sequences)
+    verify_s(B, R)  = table(B, R / B)      (R = all rows of the step, sum of k_i + 1)
+    draft_s(B)      = table_d(B)           (one draft forward of B one-token rows)
 
 and kept honest afterwards: every step's measured forward time nudges a correction factor
 (exponential moving average of measured / predicted).
@@ -12,13 +15,15 @@ and kept honest afterwards: every step's measured forward time nudges a correcti
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import numpy as np
 import torch
 
 from ..models.base import CausalLM
+
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+NEW_TOKENS = (1, 2, 4, 8, 16)
 
 
 def _fill(model: CausalLM, batch: int, cached: int) -> None:
@@ -29,65 +34,78 @@ def _fill(model: CausalLM, batch: int, cached: int) -> None:
 
 
 def _time_forward(model: CausalLM, batch: int, new: int, cached: int, reps: int) -> float:
+    """Fastest of `reps` forwards (the least disturbed by anything else on the machine)."""
     slots = torch.arange(batch)
-    times = []
+    best = float("inf")
     for _ in range(reps):
         model.truncate(slots, torch.full((batch,), cached, dtype=torch.long))
         tokens = torch.randint(0, model.vocab_size, (batch, new))
         t0 = time.perf_counter()
         model.forward(tokens, slots)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _fit(rows: list[tuple[float, ...]], times: list[float]) -> np.ndarray:
-    x = np.array([(1.0, *r) for r in rows])
-    coef, *_ = np.linalg.lstsq(x, np.array(times), rcond=None)
-    return np.maximum(coef, 0.0)
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 class CostModel:
-    def __init__(self, verify=(0.0, 0.0, 1.0), draft=(0.0, 1.0)) -> None:
-        self.verify_coef = np.asarray(verify, dtype=float)  # a, b, c
-        self.draft_coef = np.asarray(draft, dtype=float)  # a_d, b_d
+    def __init__(self, batches=(1,), news=(1, 2), verify=((1.0, 2.0),), draft=(0.5,)) -> None:
+        """verify[i][j]: seconds for batches[i] sequences x news[j] tokens; draft[i]: one draft
+        forward of batches[i] sequences. The default is a made-up placeholder."""
+        self.batches = np.asarray(batches, dtype=float)
+        self.news = np.asarray(news, dtype=float)
+        self.verify = np.asarray(verify, dtype=float)  # [len(batches), len(news)]
+        self.draft = np.asarray(draft, dtype=float)  # [len(batches)]
         self.verify_scale = 1.0
         self.draft_scale = 1.0
 
     @classmethod
     def profile(cls, target: CausalLM, draft: CausalLM | None, max_batch: int,
-                max_new: int = 17, cached: int = 64, reps: int = 3) -> CostModel:  # fmt: skip
+                cached: int = 64, reps: int = 3) -> CostModel:  # fmt: skip
         """Measure on the engine's own (allocated, empty) caches; leaves them empty."""
-        batches = sorted({b for b in (1, 2, 4, 8, 16, 32) if b <= max_batch} | {max_batch})
-        news = [t for t in (1, 2, 3, 5, 9, 17) if t <= max_new]
-        rows, times = [], []
-        for b in batches:
+        batches = sorted({b for b in BATCHES if b <= max_batch} | {max_batch})
+        table = np.zeros((len(batches), len(NEW_TOKENS)))
+        for i, b in enumerate(batches):
             _fill(target, b, cached)
-            for t in news:
-                _time_forward(target, b, t, cached, 1)  # warm-up of this shape
-                times.append(_time_forward(target, b, t, cached, reps))
-                rows.append((b, b * t))
-        model = cls(verify=_fit(rows, times))
+            for j, t in enumerate(NEW_TOKENS):
+                table[i, j] = _time_forward(target, b, t, cached, reps)
+        d = np.zeros(len(batches))
         if draft is not None:
-            d_rows, d_times = [], []
-            for b in batches:
+            for i, b in enumerate(batches):
                 _fill(draft, b, cached)
-                _time_forward(draft, b, 1, cached, 1)
-                d_times.append(_time_forward(draft, b, 1, cached, reps))
-                d_rows.append((b,))
-            model.draft_coef = _fit(d_rows, d_times)
+                d[i] = _time_forward(draft, b, 1, cached, reps)
             draft.truncate(torch.arange(max_batch), torch.zeros(max_batch, dtype=torch.long))
         target.truncate(torch.arange(max_batch), torch.zeros(max_batch, dtype=torch.long))
-        return model
+        # a forward never gets cheaper with more rows: smooth out timing noise
+        table = np.maximum.accumulate(np.maximum.accumulate(table, axis=1), axis=0)
+        return cls(batches, NEW_TOKENS, table, np.maximum.accumulate(d))
 
-    def verify_s(self, batch: int, rows: int) -> float:
-        a, b, c = self.verify_coef
-        return self.verify_scale * (a + b * batch + c * rows)
+    def _interp_batch(self, values: np.ndarray, batch: float) -> np.ndarray | float:
+        """Linear in the batch size between grid points, extrapolated linearly past the last."""
+        b = self.batches
+        if len(b) == 1:
+            return values[0] * batch / b[0]
+        if batch >= b[-1]:
+            slope = (values[-1] - values[-2]) / (b[-1] - b[-2])
+            return values[-1] + slope * (batch - b[-1])
+        i = int(np.searchsorted(b, batch, side="right")) - 1
+        i = max(0, min(i, len(b) - 2))
+        w = (batch - b[i]) / (b[i + 1] - b[i])
+        return values[i] * (1 - w) + values[i + 1] * w
+
+    def verify_s(self, batch: int, rows: float) -> float:
+        per_seq = max(1.0, rows / max(1, batch))
+        by_new = self._interp_batch(self.verify, batch)  # [len(news)]
+        n = self.news
+        if per_seq >= n[-1]:  # past the grid: linear in the rows
+            slope = (by_new[-1] - by_new[-2]) / (n[-1] - n[-2])
+            t = by_new[-1] + slope * (per_seq - n[-1])
+        else:
+            t = float(np.interp(per_seq, n, by_new))
+        return self.verify_scale * float(t)
 
     def draft_s(self, batch: int) -> float:
         if batch == 0:
             return 0.0
-        a, b = self.draft_coef
-        return self.draft_scale * (a + b * batch)
+        return self.draft_scale * float(self._interp_batch(self.draft, batch))
 
     def observe(self, batch: int, rows: int, verify_s: float, draft_steps: int, draft_batch: int,
                 propose_s: float, rate: float = 0.05) -> None:  # fmt: skip
@@ -103,5 +121,6 @@ class CostModel:
                 self.draft_scale += rate * (ratio - self.draft_scale)
 
     def as_dict(self) -> dict:
-        return {"verify_coef": self.verify_coef.tolist(), "draft_coef": self.draft_coef.tolist(),
+        return {"batches": self.batches.tolist(), "new_tokens": self.news.tolist(),
+                "verify_s": self.verify.tolist(), "draft_s": self.draft.tolist(),
                 "verify_scale": self.verify_scale, "draft_scale": self.draft_scale}  # fmt: skip

@@ -9,11 +9,10 @@ request is compute not spent on another, so it maximises the batch's goodput
 where E_i(k) = 1 + a_i + a_i^2 + ... + a_i^k is the expected number of tokens sequence i
 emits with k drafts when each draft is accepted with probability a_i (its running
 acceptance estimate for that method), and the costs come from `CostModel` (profiled on
-this machine, refreshed from measured step times). It starts every sequence at k = 0 and
-keeps adding the draft (or the jump to a first k under some method) that raises goodput
-most, until none does. A sequence whose text repeats gets n-gram drafts for free (no draft
-forwards); a busy batch, where a verify row costs as much as it brings, gets k = 0. There
-is no threshold table, so there is no cliff: k falls smoothly as rows get dearer.
+this machine, refreshed from measured step times); `_auto` says how the plan is found. A
+sequence whose text repeats gets n-gram drafts for free (no draft forwards); a busy batch,
+where a verify row costs as much as it brings, gets k = 0. There is no threshold table, so
+there is no cliff: k falls smoothly as rows get dearer.
 """
 
 from __future__ import annotations
@@ -115,15 +114,14 @@ class Scheduler:
 
         Goodput T / C is a ratio, so it is maximised by Dinkelbach's iteration: with the
         current goodput G, each row independently takes the option that maximises
-        gain - G * cost (its own rows in the verify forward, and its share of the draft
-        forwards), then G is recomputed; a few rounds converge. The draft forwards' fixed
-        cost couples the rows, so every draft depth kd is tried and the best kept.
-        Vectorised over rows, options and k: well under a millisecond for 16 rows."""
+        gain - G * cost, its cost being its rows in the verify forward (the marginal cost of
+        a row at the current plan's size, from the profiled table) and its share of the
+        draft forwards; then the plan's exact goodput is computed and the costs
+        re-linearised around it. Every draft depth kd is tried (the draft forwards' cost is
+        shared by the rows that draft) and the best plan kept, never worse than no drafts.
+        Vectorised over rows, options and k: about a millisecond for 16 rows."""
         cost = self.cost or CostModel()  # profiled at the first idle moment (engine.step)
         n = len(seqs)
-        a_v, b_v, c_v = cost.verify_coef * cost.verify_scale
-        a_d, b_d = cost.draft_coef * cost.draft_scale
-        # rows with a fixed method
         fixed_tokens, fixed_rows, fixed_dk, fixed_dn = float(n), 0, 0, 0
         for i, p in enumerate(plan):
             if p is None or p[1] == 0:
@@ -136,50 +134,50 @@ class Scheduler:
                 fixed_dk, fixed_dn = max(fixed_dk, p[1]), fixed_dn + 1
         options = [self._options(seqs[i]) for i in auto]
         top = max((lim for opts in options for _, lim, _ in opts), default=0)
-        if top == 0:
-            for i in auto:
-                plan[i] = ("none", 0)
-            return
         methods = ("ngram", "draft")
+        rows_idx = np.arange(len(auto))
         ks = np.arange(top + 1)  # [K+1]
         gain = np.full((len(auto), 2, top + 1), -np.inf)  # [A, method, k]
         gain[:, :, 0] = 0.0
         for j, opts in enumerate(options):
             for method, lim, a in opts:
-                m = methods.index(method)
-                gain[j, m, 1 : lim + 1] = np.cumsum(a ** ks[1 : lim + 1])
-        base = a_v + b_v * n + c_v * (n + fixed_rows)
-        draft_depths = [0]
-        if "draft" in self.engine.proposers:
-            draft_depths += list(range(max(1, fixed_dk), max(top, fixed_dk) + 1))
-        best_g, best_pick = -1.0, np.zeros(len(auto), dtype=np.int64)  # fallback: k = 0
-        for kd in draft_depths:
-            if kd < fixed_dk:
-                continue  # fixed draft rows make fixed_dk draft forwards anyway
-            row_cost = np.broadcast_to(c_v * ks, (len(auto), 2, top + 1)).copy()  # [A, 2, K+1]
-            row_cost[:, 1, :] += b_d * kd  # a drafting row rides every draft forward
-            row_cost[:, :, 0] = 0.0
+                gain[j, methods.index(method), 1 : lim + 1] = np.cumsum(a ** ks[1 : lim + 1])
+        can_draft = np.isfinite(gain[:, 1, 1:]).any(1) if top else np.zeros(len(auto), bool)
+
+        def exact(choice: np.ndarray) -> float:
+            """Modelled goodput of a plan (flat indices method * (K+1) + k per auto row)."""
+            m, k = np.divmod(choice, top + 1)
+            t = fixed_tokens + gain.reshape(len(auto), -1)[rows_idx, choice].sum()
+            drafting = (m == 1) & (k > 0)
+            dk = max(fixed_dk, int(k[drafting].max()) if drafting.any() else 0)
+            c = cost.verify_s(n, n + fixed_rows + int(k.sum()))
+            c += dk * cost.draft_s(fixed_dn + int(drafting.sum()))
+            return t / c
+
+        best_pick = np.zeros(len(auto), dtype=np.int64)  # no drafts
+        best_g = exact(best_pick)
+        depths = [0]
+        if top and "draft" in self.engine.proposers and can_draft.any():
+            depths += [d for d in range(1, top + 1) if d >= fixed_dk]
+        for kd in depths:
             g = gain.copy()
             g[:, 1, kd + 1 :] = -np.inf  # drafts deeper than kd are not made
-            if kd == 0:
-                g[:, 1, 1:] = -np.inf
-            shared = base + (kd * (a_d + b_d * fixed_dn) if kd else 0.0)
-            goodput, pick = fixed_tokens / shared, None
+            goodput, rows, n_draft = best_g, n + fixed_rows, max(1, int(can_draft.sum()))
             for _ in range(4):
-                score = (g - goodput * row_cost).reshape(len(auto), -1)
-                choice = score.argmax(1)  # [A]
-                rows = np.arange(len(auto))
-                flat_g, flat_c = g.reshape(len(auto), -1), row_cost.reshape(len(auto), -1)
-                t = fixed_tokens + flat_g[rows, choice].sum()
-                c = shared + flat_c[rows, choice].sum()
-                new = t / c
-                pick = choice
+                step = max(1, n)  # marginal cost of a row near the current plan's size
+                c_row = (cost.verify_s(n, rows + step) - cost.verify_s(n, rows)) / step
+                d_row = kd * cost.draft_s(fixed_dn + n_draft) / (fixed_dn + n_draft)
+                row_cost = np.broadcast_to(c_row * ks, g.shape).copy()  # [A, 2, K+1]
+                row_cost[:, 1, 1:] += d_row
+                choice = (g - goodput * row_cost).reshape(len(auto), -1).argmax(1)  # [A]
+                new = exact(choice)
+                if new > best_g:
+                    best_g, best_pick = new, choice
                 if new <= goodput * (1 + 1e-6):
-                    goodput = max(goodput, new)
                     break
-                goodput = new
-            if goodput > best_g:
-                best_g, best_pick = goodput, pick
+                m, k = np.divmod(choice, top + 1)
+                goodput, rows = new, n + fixed_rows + int(k.sum())
+                n_draft = max(1, int(((m == 1) & (k > 0)).sum()))
         for j, i in enumerate(auto):
             m, k = divmod(int(best_pick[j]), top + 1)
             plan[i] = (methods[m], k) if k > 0 else ("none", 0)

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..models.loader import cpu_has_fast_bf16  # noqa: F401 - re-exported for commands
 from .data import batch_at
 
 
@@ -67,18 +68,6 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
     cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine)
-
-
-def cpu_has_fast_bf16() -> bool:
-    """bf16 autocast pays on CPUs with native bf16 (AVX-512 BF16, AMX); elsewhere oneDNN
-    emulates it and a training step runs about 20x slower than in float32 (measured here on
-    an AVX2-only EPYC)."""
-    return (
-        torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX")
-        or any(f in open("/proc/cpuinfo").read() for f in ("avx512_bf16", "amx_bf16"))
-        if os.path.exists("/proc/cpuinfo")
-        else False
-    )
 
 
 def _autocast(cfg: TrainConfig):
