@@ -55,6 +55,8 @@ def cmd_serve(args) -> int:
                                       max_num_seqs=args.max_num_seqs, threads=args.threads)  # fmt: skip
     name = args.served_model_name or os.path.basename(os.path.abspath(target))
     app = create_app(dec, spec, name, args.max_queue, args.api_key)
+    if spec.method == "auto":
+        print("leapdecode: profiling the step costs for auto (a few seconds)...", flush=True)
     print(f"leapdecode: serving {name!r} on http://{args.host}:{args.port}/v1 "
           f"(speculation {spec.method}, k {spec.num_speculative_tokens}, "
           f"{args.max_num_seqs} slots)", flush=True)  # fmt: skip
