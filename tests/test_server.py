@@ -255,3 +255,26 @@ def test_api_key_and_full_queue(target_dir):
         assert any(c == 429 and ra for c, ra in codes), codes
     finally:
         s.stop()
+
+
+def test_bench_serve_smoke(tmp_path, target_dir, draft_dir):
+    """`leapdecode bench serve` end to end on the tiny pair: a table, JSON and plots."""
+    from leapdecode.cli import main
+
+    out, prompts = tmp_path / "serve", tmp_path / "prompts"
+    prompts.mkdir()
+    for cat in ("completion", "revision", "grounded", "free"):  # short: the tiny model's context
+        rows = [{"id": f"{cat}-{i}", "prompt": f"def {cat}_{i}(x):\n    return", "max_new_tokens": 8}
+                for i in range(2)]  # fmt: skip
+        (prompts / f"{cat}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code = main(["bench", "serve", "--target", target_dir, "--draft", draft_dir, "--threads", "1",
+                 "--prompts", str(prompts),
+                 "--concurrency", "1,2", "--rounds", "1", "--requests-per-client", "1",
+                 "--requests-min", "2", "--max-new-tokens", "4", "--draft-k", "2",
+                 "--ngram-k", "4", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    data = json.loads((out / "results.json").read_text())
+    labels = {c["config"] for c in data["cells"]}
+    assert {"none", "auto", "draft k=2", "ngram k=4"} <= labels
+    assert all(c["errors"] == 0 and c["throughput"] > 0 for c in data["cells"])
+    assert (out / "throughput.png").exists() and "auto" in (out / "results.md").read_text()

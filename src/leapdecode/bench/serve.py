@@ -197,6 +197,9 @@ def cmd_serve_bench(args) -> int:
         for c in cfgs:
             run_load(url, model, rows, c, 1, 1, 0)
         cells: dict[tuple[str, int], list[dict]] = {}
+        meta = {"url": args.url or "local server", "model": model, "rounds": args.rounds,
+                "levels": [], "requests_per_client": args.requests_per_client,
+                "max_new_tokens": args.max_new_tokens, "prompts": len(rows)}  # fmt: skip
         bar = tqdm(total=len(levels) * args.rounds * len(cfgs), desc="bench serve", unit="run")
         for conc in levels:
             n = max(args.requests_min, args.requests_per_client * conc)
@@ -207,16 +210,13 @@ def cmd_serve_bench(args) -> int:
                     res = run_load(url, model, rows, c, conc, n, start=r * n)
                     cells.setdefault((c.label, conc), []).append(res)
                     bar.update()
+            meta["levels"] = meta["levels"] + [conc]  # written level by level: a long run
+            write(summarize(cells, cfgs, meta["levels"]), meta, args.out)  # keeps what it has
         bar.close()
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=30)
-    summary = summarize(cells, cfgs, levels)
-    meta = {"url": args.url or "local server", "model": model, "rounds": args.rounds,
-            "levels": levels, "requests_per_client": args.requests_per_client,
-            "max_new_tokens": args.max_new_tokens, "prompts": len(rows)}  # fmt: skip
-    write(summary, meta, args.out)
     print(open(os.path.join(args.out, "results.md")).read())
     return 0
 
@@ -244,10 +244,12 @@ def summarize(cells, cfgs, levels) -> list[dict]:
         base = next(
             r for r in out if r["config"] == "none" and r["concurrency"] == row["concurrency"]
         )
-        row["vs_none"] = row["throughput"] / base["throughput"]
+        row["vs_none"] = (
+            row["throughput"] / base["throughput"] if base["throughput"] else float("nan")
+        )
         fixed = [r["throughput"] for r in out if r["concurrency"] == row["concurrency"]
                  and r["config"] != "auto"]  # fmt: skip
-        row["vs_best_fixed"] = row["throughput"] / max(fixed)
+        row["vs_best_fixed"] = row["throughput"] / max(fixed) if max(fixed) else float("nan")
     return out
 
 
