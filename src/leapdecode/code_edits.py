@@ -131,13 +131,18 @@ def edit_unchanged(code: str, fn, rng: random.Random):
     return SAME_AGAIN, code
 
 
-def edit_rename_arg(code: str, fn, rng: random.Random):
-    names = renamable_args(fn, code)
+def _rename_one(code: str, names: list[str], rng: random.Random, task: str):
+    """Rename one of `names` (chosen at random); task is formatted with old and new."""
     if not names:
         return None
     old = rng.choice(names)
     new = new_name(old, code)
-    return f"rename the argument `{old}` to `{new}`; change nothing else", rename(code, old, new)
+    return task.format(old=old, new=new), rename(code, old, new)
+
+
+def edit_rename_arg(code: str, fn, rng: random.Random):
+    task = "rename the argument `{old}` to `{new}`; change nothing else"
+    return _rename_one(code, renamable_args(fn, code), rng, task)
 
 
 def edit_rename_local(code: str, fn, rng: random.Random):
@@ -147,11 +152,7 @@ def edit_rename_local(code: str, fn, rng: random.Random):
         - args
     )
     stored = [n for n in stored if len(n) > 1 and sum(1 for _ in name_uses(code, n)) >= 2]
-    if not stored:
-        return None
-    old = rng.choice(stored)
-    new = new_name(old, code)
-    return f"rename the variable `{old}` to `{new}`", rename(code, old, new)
+    return _rename_one(code, stored, rng, "rename the variable `{old}` to `{new}`")
 
 
 def edit_rename_function(code: str, fn, rng: random.Random):

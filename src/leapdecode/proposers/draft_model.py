@@ -62,9 +62,6 @@ class DraftModelProposer(Proposer):
         self.fed: dict[int, int] = {}  # tokens of seq.tokens in the draft cache
         self.fed_drafts: dict[int, int] = {}  # drafts in the cache after them
 
-    def allocate(self, n_slots: int, max_len: int) -> None:
-        self.model.allocate(n_slots, max_len)
-
     def _slots(self, seqs: list[Sequence]) -> torch.Tensor:
         return torch.tensor([s.slot for s in seqs], dtype=torch.long)
 

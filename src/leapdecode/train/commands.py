@@ -10,9 +10,10 @@ import numpy as np
 import torch
 
 from ..errors import LeapDecodeError
+from ..models.loader import cpu_has_fast_bf16
 from . import corpus
 from .data import load_or_encode
-from .loop import TrainConfig, cpu_has_fast_bf16, train
+from .loop import TrainConfig, train
 
 DRAFT_VOCAB = 2048  # tokens a draft proposes by default (the most frequent in its data)
 RUNS = os.path.join(os.path.expanduser("~"), ".cache", "leapdecode", "runs")

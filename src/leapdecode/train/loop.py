@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..models.loader import cpu_has_fast_bf16  # noqa: F401 - re-exported for commands
 from .data import batch_at
 
 
