@@ -32,7 +32,7 @@ class Server:
             [sys.executable, "-m", "leapdecode", "serve", "--host", HOST, "--port", str(self.port),
              *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         )  # fmt: skip
-        deadline = time.time() + 120
+        deadline = time.time() + 300
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited: {self.proc.stdout.read()}")
@@ -41,7 +41,7 @@ class Server:
                     return
             except httpx.HTTPError:
                 time.sleep(0.3)
-        raise RuntimeError("server did not start within 120 s")
+        raise RuntimeError("server did not start within 300 s")
 
     def rss_kb(self) -> int:
         with open(f"/proc/{self.proc.pid}/status") as f:
@@ -278,3 +278,38 @@ def test_bench_serve_smoke(tmp_path, target_dir, draft_dir):
     assert {"none", "auto", "draft k=2", "ngram k=4"} <= labels
     assert all(c["errors"] == 0 and c["throughput"] > 0 for c in data["cells"])
     assert (out / "throughput.png").exists() and "auto" in (out / "results.md").read_text()
+
+
+def test_client_watch_notices_a_gone_client_while_events_keep_coming():
+    """A non-streamed request whose client left must stop even if tokens keep arriving."""
+    import asyncio
+
+    from leapdecode.server.app import ClientWatch
+    from leapdecode.server.worker import Event
+
+    class GoneAfter:
+        def __init__(self, t):
+            self.t = time.monotonic() + t
+
+        async def is_disconnected(self):
+            return time.monotonic() > self.t
+
+    async def run():
+        events: asyncio.Queue = asyncio.Queue()
+
+        async def produce():
+            while True:
+                events.put_nowait(Event([1], False))
+                await asyncio.sleep(0.01)
+
+        producer = asyncio.create_task(produce())
+        watch = ClientWatch(GoneAfter(0.2), events, every=0.05)
+        got = 0
+        start = time.monotonic()
+        while await watch.next() is not None:
+            got += 1
+            assert time.monotonic() - start < 5, "the gone client was never noticed"
+        producer.cancel()
+        return got
+
+    assert asyncio.run(run()) > 5

@@ -46,6 +46,34 @@ def _error(e: APIError, headers: dict | None = None) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
+class ClientWatch:
+    """Engine events for one request, and whether its client is still there.
+
+    The client is checked at least every `every` seconds, also while events keep coming (a
+    non-streamed request whose client left must not run to its end)."""
+
+    def __init__(self, request, events: asyncio.Queue, every: float = 0.5) -> None:
+        self.request = request
+        self.events = events
+        self.every = every
+        self.next_check = time.monotonic() + every
+
+    async def next(self):
+        """The next engine event; None once the client has gone away."""
+        while True:
+            wait = max(self.next_check - time.monotonic(), 0.01)
+            try:
+                ev = await asyncio.wait_for(self.events.get(), timeout=wait)
+            except TimeoutError:
+                ev = None
+            if time.monotonic() >= self.next_check:
+                if await self.request.is_disconnected():
+                    return None
+                self.next_check = time.monotonic() + self.every
+            if ev is not None:
+                return ev
+
+
 def create_app(decoder: LeapDecoder, spec: SpecConfig, model_name: str, max_queue: int = 64,
                api_key: str | None = None) -> FastAPI:  # fmt: skip
     metrics = EngineMetrics()
@@ -151,18 +179,10 @@ def create_app(decoder: LeapDecoder, spec: SpecConfig, model_name: str, max_queu
         return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                 "finish_reason": finish}  # fmt: skip
 
-    async def _next(request: Request, events: asyncio.Queue):
-        """The next engine event; None once the client has gone away."""
-        while True:
-            try:
-                return await asyncio.wait_for(events.get(), timeout=0.5)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    return None
-
     async def _complete(request, seq, events, rid, kind):
+        watch = ClientWatch(request, events)
         while True:
-            ev = await _next(request, events)
+            ev = await watch.next()
             if ev is None:
                 worker.abort(seq.id)
                 return Response(status_code=499)
@@ -188,6 +208,7 @@ def create_app(decoder: LeapDecoder, spec: SpecConfig, model_name: str, max_queu
                 body["speculation"] = _spec_stats(seq)
             return f"data: {json.dumps(body)}\n\n"
 
+        watch = ClientWatch(request, events)
         sent = ""
         hold = max((len(x) for x in seq.stop_strings), default=0)
         done = False
@@ -195,7 +216,7 @@ def create_app(decoder: LeapDecoder, spec: SpecConfig, model_name: str, max_queu
             if kind != "text_completion":
                 yield chunk("", None).replace('"delta": {}', '"delta": {"role": "assistant"}')
             while True:
-                ev = await _next(request, events)
+                ev = await watch.next()
                 if ev is None:
                     return
                 if ev.error:
