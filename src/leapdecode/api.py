@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import random
@@ -202,15 +203,30 @@ class LeapDecoder:
         ngram_max: int = 4,
         draft_min_prob: float = 0.0,
         spec: SpecConfig | None = None,
+        **spec_options,
     ) -> Sequence:
         """A validated request for the engine (generate, stream, the server and the bench
         all build theirs here). method: none | draft | ngram | auto; k: draft tokens per step
         (0..64; auto: the most it may use); temperature 0 is greedy; stop: strings that end
         generation (cut from the text); stop_token_ids: token ids that end it besides EOS;
-        spec: a whole SpecConfig instead of method / k / ngram_* / draft_min_prob."""
+        spec: a whole SpecConfig instead of method / k / ngram_* / draft_min_prob;
+        spec_options: any other SpecConfig field (use_tree_spec, suffix_decoding_*,
+        lookahead_*)."""
         if spec is None:
+            fields = {f.name for f in dataclasses.fields(SpecConfig)}
+            unknown = sorted(set(spec_options) - fields)
+            if unknown:
+                raise LeapDecodeError(
+                    f"unknown option {unknown[0]!r}: generation options are method, k, "
+                    "max_new_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, "
+                    f"ngram_min, ngram_max, draft_min_prob, spec, or a SpecConfig field "
+                    f"({', '.join(sorted(fields))})"
+                )
             spec = SpecConfig(method=method, num_speculative_tokens=k, prompt_lookup_min=ngram_min,
-                              prompt_lookup_max=ngram_max, draft_min_prob=draft_min_prob)  # fmt: skip
+                              prompt_lookup_max=ngram_max, draft_min_prob=draft_min_prob,
+                              **spec_options)  # fmt: skip
+        elif spec_options:
+            raise LeapDecodeError("pass either spec= or SpecConfig fields as options, not both")
         if spec.method == "draft" and self.draft is None:
             raise LeapDecodeError("method 'draft' needs a draft model: pass --draft PATH")
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)

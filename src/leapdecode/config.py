@@ -54,6 +54,8 @@ class SpecConfig:
     prompt_lookup_min: int = 2  # ngram: shortest n-gram to match
     prompt_lookup_max: int = 4  # ngram: longest n-gram to match
     draft_min_prob: float = 0.0  # draft: stop drafting below this draft confidence (0 = off)
+    # ngram, suffix: verify several candidates as one tree of at most k nodes (tree.py)
+    use_tree_spec: bool = False
     # A static batch-size -> k table (vLLM's num_speculative_tokens_per_batch_size, TRT-LLM's
     # draft_len_schedule): ((batch size, k), ...); a batch of B running sequences uses the k
     # of the largest batch size <= B. Empty: always num_speculative_tokens. Fixed methods only.
@@ -71,6 +73,10 @@ class SpecConfig:
         if not (_is_int(lo) and _is_int(hi) and 1 <= lo <= hi <= 32):
             raise LeapDecodeError(
                 f"n-gram sizes must satisfy 1 <= min ({lo!r}) <= max ({hi!r}) <= 32"
+            )
+        if not isinstance(self.use_tree_spec, bool):
+            raise LeapDecodeError(
+                f"use_tree_spec must be true or false, got {self.use_tree_spec!r}"
             )
         m = self.draft_min_prob
         if not isinstance(m, int | float) or isinstance(m, bool) or not 0 <= m < 1:

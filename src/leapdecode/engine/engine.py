@@ -30,7 +30,8 @@ from ..models.base import CausalLM
 from ..proposers import DraftModelProposer, Drafts, NgramProposer, NoProposer, Proposer
 from ..sampling import process_rows
 from ..sequence import Sequence, pad_right
-from ..verify import greedy_accept, rejection_accept
+from ..tree import ancestor_mask, depths, is_chain
+from ..verify import greedy_accept, rejection_accept, tree_greedy_accept, tree_sample_accept
 from .scheduler import Scheduler
 
 
@@ -140,7 +141,7 @@ class Engine:
         self.target.truncate(slots, torch.zeros(len(seqs), dtype=torch.long))
         logits = self.target.forward(tokens, slots, logits_at=lengths - 1)  # [B, 1, V]
         self.target.truncate(slots, lengths)
-        _, first = self._verify(seqs, logits, Drafts.empty(len(seqs)))
+        _, _, first = self._verify(seqs, logits, Drafts.empty(len(seqs)))
         now = time.perf_counter()
         out = []
         for s, tok in zip(seqs, first, strict=True):
@@ -170,12 +171,27 @@ class Engine:
         last = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.long)  # [B, 1]
         inputs = torch.cat([last, drafts.tokens], dim=1)  # [B, k+1]
         cached = self.target.lengths(slots)  # [B]
-        logits = self.target.forward(inputs, slots)  # [B, k+1, V]
+        if drafts.parents is None:
+            logits = self.target.forward(inputs, slots)  # [B, k+1, V]
+        else:
+            mask = ancestor_mask(drafts.parents, drafts.counts)  # [B, k+1, k+1]
+            logits = self.target.forward(inputs, slots, tree_mask=mask,
+                                         position_offsets=depths(mask))  # fmt: skip
         t2 = time.perf_counter()
-        n_accepted, next_tokens = self._verify(seqs, logits, drafts)
-        self.target.truncate(slots, cached + 1 + torch.tensor(n_accepted))
+        paths, n_accepted, next_tokens = self._verify(seqs, logits, drafts)
+        if drafts.parents is None:
+            self.target.truncate(slots, cached + 1 + torch.tensor(n_accepted))
+        else:  # keep the root and the accepted path
+            picked = torch.cat([torch.zeros(len(seqs), 1, dtype=torch.long), paths], dim=1)
+            self.target.keep(slots, cached, picked, 1 + torch.tensor(n_accepted))
+        argmax = None
         for method, rows in groups.items():
-            self.proposers[method].accepted([seqs[i] for i in rows], [n_accepted[i] for i in rows])
+            proposer = self.proposers[method]
+            group = [seqs[i] for i in rows]
+            if proposer.wants_target_argmax:
+                argmax = logits.argmax(-1).cpu() if argmax is None else argmax  # [B, k+1]
+                proposer.observe_target(group, argmax[rows])
+            proposer.accepted(group, [n_accepted[i] for i in rows])
         counts = drafts.counts.tolist()
         self.last_step_ks = counts
         added = []
@@ -183,7 +199,7 @@ class Engine:
             s.stats.record_step(counts[i], n_accepted[i])
             if counts[i]:
                 s.method_used = plan[i][0]
-            new = drafts.tokens[i, : n_accepted[i]].tolist() + [next_tokens[i]]
+            new = inputs[i, paths[i, : n_accepted[i]]].tolist() + [next_tokens[i]]
             added.append((s, s.append(new)))
         t3 = time.perf_counter()
         self.scheduler.observe(seqs, plan, counts, n_accepted, t1 - t0, t2 - t1)
@@ -194,18 +210,32 @@ class Engine:
             s.stats.decode_s = t3 - s.stats.first_token_s
         return added
 
-    def _verify(self, seqs, logits, drafts: Drafts) -> tuple[list[int], list[int]]:
+    def _verify(self, seqs, logits, drafts: Drafts) -> tuple[torch.Tensor, list[int], list[int]]:
         """The acceptance rule (verify.py) for the whole batch: greedy rows in one call,
         sampled rows in another, each with its own temperature / top-k / top-p and its own
-        seeded uniforms (n drafts + 1 per step, so a row draws the same alone or batched)."""
+        seeded uniforms (drawn per row, so a row draws the same alone or batched).
+
+        Returns (paths [B, k]: input indices of each row's accepted drafts, n_accepted,
+        next_token); a chain's path is 1 .. n."""
         dev = logits.device
-        k = drafts.tokens.shape[1]
+        batch, k = drafts.tokens.shape
         tokens, counts = drafts.tokens.to(dev), drafts.counts.to(dev)
-        n_acc = [0] * len(seqs)
-        nxt = [0] * len(seqs)
+        paths = torch.arange(1, k + 1).expand(batch, k).clone()  # [B, k]
+        n_acc = [0] * batch
+        nxt = [0] * batch
+        trees = drafts.parents is not None
+        chain = is_chain(drafts.parents, drafts.counts) if trees else torch.ones(batch, dtype=bool)
         greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
-        sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
-        if greedy:
+        sampled = [i for i, s in enumerate(seqs) if not s.params.greedy and chain[i]]
+        tree_sampled = [i for i, s in enumerate(seqs) if not s.params.greedy and not chain[i]]
+        if greedy and trees:
+            idx = torch.tensor(greedy)
+            path, a, t = tree_greedy_accept(logits[idx.to(dev)], drafts.tokens[idx],
+                                            drafts.parents[idx], drafts.counts[idx])  # fmt: skip
+            paths[idx, : path.shape[1]] = path
+            for j, i in enumerate(greedy):
+                n_acc[i], nxt[i] = int(a[j]), int(t[j])
+        elif greedy:
             idx = torch.tensor(greedy, device=dev)
             a, t = greedy_accept(logits[idx], tokens[idx], counts[idx])
             for j, i in enumerate(greedy):
@@ -222,4 +252,14 @@ class Engine:
             a, t = rejection_accept(p, q, tokens[idx], counts[idx], u)
             for j, i in enumerate(sampled):
                 n_acc[i], nxt[i] = int(a[j]), int(t[j])
-        return n_acc, nxt
+        if tree_sampled:
+            idx = torch.tensor(tree_sampled)
+            p = process_rows(logits[idx.to(dev)], [seqs[i].params for i in tree_sampled])
+            draws = [torch.rand(int(drafts.counts[i]) + 1, generator=seqs[i].generator)
+                     for i in tree_sampled]  # fmt: skip
+            path, a, t = tree_sample_accept(p, drafts.tokens[idx], drafts.parents[idx],
+                                            drafts.counts[idx], draws)  # fmt: skip
+            paths[idx, : path.shape[1]] = path
+            for j, i in enumerate(tree_sampled):
+                n_acc[i], nxt[i] = int(a[j]), int(t[j])
+        return paths, n_acc, nxt

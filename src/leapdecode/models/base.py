@@ -61,3 +61,14 @@ class CausalLM(ABC):
     @abstractmethod
     def truncate(self, slots: torch.Tensor, new_lengths: torch.Tensor) -> None:
         """Keep only the first `new_lengths[b]` cached tokens of each slot (rollback)."""
+
+    def keep(self, slots: torch.Tensor, base: torch.Tensor, picked: torch.Tensor,
+             n: torch.Tensor) -> None:  # fmt: skip
+        """After a tree step: slot b keeps the cached entries at base[b] + picked[b, :n[b]]
+        (its root and accepted path), moved to base[b] + 0 .. n[b]-1; its length becomes
+        base[b] + n[b]. Backends without tree attention refuse."""
+        from ..errors import LeapDecodeError
+
+        raise LeapDecodeError(
+            f"the {self.name} backend does not support tree attention; use --backend native"
+        )

@@ -45,6 +45,23 @@ class KVCache:
         self.k[layer][rows, :, write_pos] = k.to(dtype)
         self.v[layer][rows, :, write_pos] = v.to(dtype)
 
+    def compact(self, slots: torch.Tensor, base: torch.Tensor, picked: torch.Tensor,
+                n: torch.Tensor) -> None:  # fmt: skip
+        """Row b keeps the entries at base[b] + picked[b, :n[b]], moved to base[b] + 0 .. n[b]-1,
+        and its length becomes base[b] + n[b] (a tree step keeps its accepted path)."""
+        width = picked.shape[1]
+        j = torch.arange(width)[None, :]  # [1, L]
+        dst = base[:, None] + j  # [B, L]
+        src = torch.where(j < n[:, None], base[:, None] + picked, dst)  # padding copies onto itself
+        moved = (src != dst).any(1)  # [B] rows whose path is not already in place
+        if bool(moved.any()):
+            rows = slots[moved][:, None].to(self.k[0].device)  # [B', 1]
+            src, dst = src[moved].to(rows.device), dst[moved].to(rows.device)
+            for layer in range(len(self.k)):
+                self.k[layer][rows, :, dst] = self.k[layer][rows, :, src]
+                self.v[layer][rows, :, dst] = self.v[layer][rows, :, src]
+        self.lens[slots] = base + n
+
     def read(self, layer: int, slots: torch.Tensor, span: int, contiguous_from: int | None):
         """Keys and values of the first `span` positions: two [B, H_kv, span, D] tensors.
 

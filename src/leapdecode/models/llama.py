@@ -230,11 +230,14 @@ class NativeLlama(CausalLM):
     def truncate(self, slots: torch.Tensor, new_lengths: torch.Tensor) -> None:
         self.cache.lens[slots.cpu()] = new_lengths.cpu()
 
+    def keep(self, slots: torch.Tensor, base: torch.Tensor, picked: torch.Tensor,
+             n: torch.Tensor) -> None:  # fmt: skip
+        self.cache.compact(slots.cpu(), base.cpu(), picked.cpu(), n.cpu())
+
     # ----------------------------------------------------------------- forward
     def _masks(self, start, n_new, span, tree_mask, query_pos, same_start: bool) -> dict:
         """Boolean attention masks [B, 1, T, span] (True = attend), one per window size."""
         windows = self.windows
-        batch = start.shape[0]
         simple = tree_mask is None and n_new == 1 and same_start
         key = torch.arange(span)  # [S]
         masks = {}
@@ -245,11 +248,11 @@ class NativeLlama(CausalLM):
             limit = start[:, None] + torch.arange(n_new)  # [B, T] cache index of each query
             allowed = key[None, None, :] <= limit[:, :, None]  # [B, T, S] causal
             if tree_mask is not None:
-                allowed = key[None, None, :] < start[:, None, None]
-                tree = tree_mask.cpu()
-                for b in range(batch):
-                    s = int(start[b])
-                    allowed[b, :, s : s + n_new] = tree[b]
+                # the cached prefix, then the new tokens as the tree says (batched)
+                rel = key[None, None, :] - start[:, None, None]  # [B, 1, S] index among new
+                inside = (rel >= 0) & (rel < n_new)
+                tree = tree_mask.cpu().gather(2, rel.clamp(0, n_new - 1).expand(-1, n_new, -1))
+                allowed = (rel < 0) | (inside & tree)  # [B, T, S]
             if window is not None:
                 allowed &= key[None, None, :] > (query_pos[:, :, None] - window)
             masks[window] = allowed[:, None].to(self.device)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..sequence import Sequence, pad_right
+from ..tree import chain_parents
 
 
 @dataclass
@@ -25,6 +26,9 @@ class Drafts:
     tokens: torch.Tensor  # [B, k] right-padded with 0
     counts: torch.Tensor  # [B] real drafts per row (<= k)
     probs: torch.Tensor | None = None  # [B, k, V] drafter's processed distribution; None = one-hot
+    # [B, k] input index of each draft's parent (0 = the last committed token; tree.py);
+    # None: every row is a chain. Trees are deterministic (one-hot q).
+    parents: torch.Tensor | None = None
 
     @staticmethod
     def empty(batch: int) -> Drafts:
@@ -34,6 +38,17 @@ class Drafts:
     def from_lists(rows: list[list[int]]) -> Drafts:
         """Deterministic drafts (one-hot q) from per-sequence token lists."""
         return Drafts(*pad_right(rows))
+
+    @staticmethod
+    def from_trees(rows: list[tuple[list[int], list[int]]]) -> Drafts:
+        """Deterministic draft trees from per-sequence (tokens, parents) lists, parents as
+        input indices (0 = the last committed token, i + 1 = draft i; see tree.py)."""
+        tokens, counts = pad_right([t for t, _ in rows])
+        parents, _ = pad_right([p for _, p in rows])
+        for (t, p), n in zip(rows, counts.tolist(), strict=True):
+            if len(p) != n or any(not 0 <= q <= j for j, q in enumerate(p)):
+                raise ValueError(f"bad draft tree: tokens {t}, parents {p}")
+        return Drafts(tokens, counts, None, parents)
 
     @staticmethod
     def merge(parts: list[tuple[list[int], Drafts]], batch: int, vocab: int) -> Drafts:
@@ -48,6 +63,9 @@ class Drafts:
         probs = None
         if with_probs:
             probs = with_probs[0].new_zeros(batch, k, vocab)
+        parents = None
+        if any(d.parents is not None for _, d in parts):
+            parents = chain_parents(batch, k)
         for rows, d in parts:
             if not rows:
                 continue
@@ -55,6 +73,8 @@ class Drafts:
             w = d.tokens.shape[1]
             tokens[idx, :w] = d.tokens
             counts[idx] = d.counts
+            if parents is not None and d.parents is not None:
+                parents[idx, :w] = d.parents
             if probs is not None:
                 pidx = idx.to(probs.device)
                 if d.probs is not None:
@@ -62,7 +82,7 @@ class Drafts:
                 else:
                     one_hot = torch.nn.functional.one_hot(d.tokens, vocab).float()
                     probs[pidx, :w] = one_hot.to(probs.device)
-        return Drafts(tokens, counts, probs)
+        return Drafts(tokens, counts, probs, parents)
 
 
 class Proposer(ABC):
@@ -80,6 +100,12 @@ class Proposer(ABC):
 
     def remove(self, seqs: list[Sequence]) -> None:
         """The sequences are done (finished or aborted); free what is held for them."""
+
+    wants_target_argmax = False
+
+    def observe_target(self, seqs: list[Sequence], argmax: torch.Tensor) -> None:
+        """argmax [len(seqs), T]: the target's choice after each input [root, d1 ..] of the
+        step just verified (called before `accepted`, when wants_target_argmax)."""
 
 
 class NoProposer(Proposer):

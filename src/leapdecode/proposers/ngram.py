@@ -8,6 +8,11 @@ The longest matching n-gram wins. Its latest occurrence is proposed when it leav
 to copy (recent text predicts repetitive output best); otherwise the first occurrence, when
 that leaves more (while the output copies a block of the prompt, the latest occurrence is
 often the copy being written, a few tokens back, and the first is the source).
+
+Tree mode (`use_tree_spec`): every distinct continuation of every matching n-gram size
+(latest and first occurrence, longest n first) goes into one trie of at most k nodes, and
+the target verifies them together: when the latest copy and the source disagree, one of
+them is still accepted.
 """
 
 from __future__ import annotations
@@ -49,6 +54,48 @@ class NgramIndex:
                 return tokens[start : start + k]
         return []
 
+    def candidates(self, tokens: list[int], k: int) -> list[list[int]]:
+        """Every distinct continuation (up to k tokens) of every matching suffix, the one
+        `lookup` proposes first, then by longer n-gram, latest before first occurrence."""
+        length = len(tokens)
+        out, seen = [], set()
+        best = self.lookup(tokens, k)
+        if best:
+            out.append(best)
+            seen.add(tuple(best))
+        for n in range(min(self.max_n, length), self.min_n - 1, -1):
+            found = self.tables[n].get(tuple(tokens[length - n :]))
+            if found is None:
+                continue
+            for start in (found[1], found[0]):
+                cand = tokens[start : start + k]
+                if cand and tuple(cand) not in seen:
+                    seen.add(tuple(cand))
+                    out.append(cand)
+        return out
+
+
+def build_trie(candidates: list[list[int]], budget: int) -> tuple[list[int], list[int]]:
+    """Merge token lists into one tree of at most `budget` nodes: (tokens, parents), parents
+    as input indices (0 = the last committed token; see tree.py). Earlier lists win the
+    budget; a shared prefix costs nothing."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    children: dict[tuple[int, int], int] = {}  # (parent input index, token) -> input index
+    for cand in candidates:
+        node = 0
+        for tok in cand:
+            nxt = children.get((node, tok))
+            if nxt is None:
+                if len(tokens) >= budget:
+                    break
+                tokens.append(tok)
+                parents.append(node)
+                nxt = len(tokens)
+                children[(node, tok)] = nxt
+            node = nxt
+    return tokens, parents
+
 
 class NgramProposer(Proposer):
     """Prompt lookup; each request's n-gram sizes come from its SpecConfig
@@ -72,7 +119,18 @@ class NgramProposer(Proposer):
         return index.lookup(seq.tokens, k)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Drafts:
-        return Drafts.from_lists([self.lookup(s, k) for s, k in zip(seqs, ks, strict=True)])
+        if not any(s.spec.use_tree_spec for s in seqs):
+            return Drafts.from_lists([self.lookup(s, k) for s, k in zip(seqs, ks, strict=True)])
+        trees = []
+        for s, k in zip(seqs, ks, strict=True):
+            if not s.spec.use_tree_spec:
+                chain = self.lookup(s, k)
+                trees.append((chain, list(range(len(chain)))))
+                continue
+            index = self.index[s.id]
+            index.sync(s.tokens)
+            trees.append(build_trie(index.candidates(s.tokens, k) if k > 0 else [], k))
+        return Drafts.from_trees(trees)
 
     def remove(self, seqs: list[Sequence]) -> None:
         for seq in seqs:
