@@ -37,6 +37,42 @@ def test_greedy_matches_transformers_generate(decoder, prompts, reference, hf_ta
         assert 0 < accepted < proposed
 
 
+TREE_METHODS = [
+    ("ngram", {"use_tree_spec": True, "ngram_min": 1}),
+    ("suffix", {}),
+    ("suffix", {"use_tree_spec": True}),
+    ("lookahead", {}),
+    (
+        "lookahead",
+        {"lookahead_window": 4, "lookahead_ngram_size": 4, "lookahead_max_candidates": 2},
+    ),
+]
+
+
+@pytest.mark.parametrize("method,kw", TREE_METHODS)
+@pytest.mark.parametrize("k", [4, 16])
+def test_greedy_draftless_and_tree_methods_match_transformers(
+    target_dir, prompts, reference, hf_target, method, kw, k
+):
+    """Each case on a fresh decoder (the suffix method's global tree starts empty): a first
+    pass over the prompts, then a second pass that the first one's outputs can feed."""
+    from leapdecode import LeapDecoder
+
+    dec = LeapDecoder.from_pretrained(target_dir)
+    rates = []
+    for _ in range(2):
+        results = dec.generate_batch(prompts, method=method, k=k, max_new_tokens=MAX_NEW, **kw)
+        assert_lossless(prompts, [r.token_ids for r in results], reference, hf_target)
+        proposed = sum(r.stats.proposed for r in results)
+        accepted = sum(r.stats.accepted for r in results)
+        assert 0 < proposed
+        rates.append(accepted / sum(r.stats.decode_steps for r in results))
+    if method == "suffix":  # the second pass drafts from the first one's outputs
+        assert rates[1] > rates[0] + 0.5, rates
+    else:
+        assert rates[1] > 0, rates
+
+
 @pytest.mark.parametrize("method", ["draft", "ngram"])
 def test_greedy_one_prompt_at_a_time(decoder, prompts, reference, hf_target, method):
     outputs = [decoder.generate(p, method=method, k=4, max_new_tokens=MAX_NEW).token_ids

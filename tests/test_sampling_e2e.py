@@ -109,7 +109,16 @@ def test_exact_distribution_is_spread(exact):
 
 @pytest.mark.parametrize(
     "method,kw",
-    [("none", {}), ("draft", {}), ("draft", {"draft_min_prob": 0.3}), ("ngram", {"ngram_min": 1})],
+    [
+        ("none", {}),
+        ("draft", {}),
+        ("draft", {"draft_min_prob": 0.3}),
+        ("ngram", {"ngram_min": 1}),
+        ("ngram", {"ngram_min": 1, "use_tree_spec": True}),
+        ("suffix", {}),
+        ("suffix", {"use_tree_spec": True, "suffix_decoding_min_token_prob": 0.0}),
+        ("lookahead", {}),
+    ],  # fmt: skip
 )
 def test_first_two_tokens_follow_the_target(decoder, prompt, exact, method, kw):
     results, pairs = sample_pairs(decoder, prompt, method, seed=1000, **kw)

@@ -14,7 +14,7 @@ from .errors import LeapDecodeError
 
 # Every method a request may ask for. `auto` picks, per sequence and per step, the method
 # and the number of draft tokens (0 included) that maximise the whole batch's goodput.
-METHODS = ("none", "draft", "ngram", "auto")
+METHODS = ("none", "draft", "ngram", "suffix", "lookahead", "auto")
 MAX_K = 64  # the most draft tokens a step may verify per sequence
 MAX_TOP_K = 1_000_000
 
@@ -49,13 +49,21 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class SpecConfig:
-    method: str = "none"  # none | draft | ngram | auto
+    method: str = "none"  # none | draft | ngram | suffix | lookahead | auto
     num_speculative_tokens: int = 4  # k: draft tokens per step (auto: the most it may use)
     prompt_lookup_min: int = 2  # ngram: shortest n-gram to match
     prompt_lookup_max: int = 4  # ngram: longest n-gram to match
     draft_min_prob: float = 0.0  # draft: stop drafting below this draft confidence (0 = off)
     # ngram, suffix: verify several candidates as one tree of at most k nodes (tree.py)
     use_tree_spec: bool = False
+    # suffix (vLLM's names): draft at most factor x match length tokens; stop a path below
+    # this probability. Tree depth and the global cache size are the engine's, set once.
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
+    # lookahead: window W, n-gram size N (>= 3), at most G candidates verified per step
+    lookahead_window: int = 3
+    lookahead_ngram_size: int = 3
+    lookahead_max_candidates: int = 3
     # A static batch-size -> k table (vLLM's num_speculative_tokens_per_batch_size, TRT-LLM's
     # draft_len_schedule): ((batch size, k), ...); a batch of B running sequences uses the k
     # of the largest batch size <= B. Empty: always num_speculative_tokens. Fixed methods only.
@@ -77,6 +85,21 @@ class SpecConfig:
         if not isinstance(self.use_tree_spec, bool):
             raise LeapDecodeError(
                 f"use_tree_spec must be true or false, got {self.use_tree_spec!r}"
+            )
+        f = self.suffix_decoding_max_spec_factor
+        if not isinstance(f, int | float) or isinstance(f, bool) or not 0 <= f <= MAX_K:
+            raise LeapDecodeError(
+                f"suffix_decoding_max_spec_factor must be in [0, {MAX_K}], got {f!r}"
+            )
+        p = self.suffix_decoding_min_token_prob
+        if not isinstance(p, int | float) or isinstance(p, bool) or not 0 <= p <= 1:
+            raise LeapDecodeError(f"suffix_decoding_min_token_prob must be in [0, 1], got {p!r}")
+        w, n, g = self.lookahead_window, self.lookahead_ngram_size, self.lookahead_max_candidates
+        if not (_is_int(w) and _is_int(n) and _is_int(g) and 1 <= w <= 32 and 3 <= n <= 16
+                and 0 <= g <= 32):  # fmt: skip
+            raise LeapDecodeError(
+                f"lookahead needs window 1..32, n-gram size 3..16 and candidates 0..32 "
+                f"(got W={w!r}, N={n!r}, G={g!r})"
             )
         m = self.draft_min_prob
         if not isinstance(m, int | float) or isinstance(m, bool) or not 0 <= m < 1:

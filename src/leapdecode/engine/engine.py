@@ -27,7 +27,15 @@ import torch
 from ..config import MAX_K
 from ..errors import LeapDecodeError
 from ..models.base import CausalLM
-from ..proposers import DraftModelProposer, Drafts, NgramProposer, NoProposer, Proposer
+from ..proposers import (
+    DraftModelProposer,
+    Drafts,
+    LookaheadProposer,
+    NgramProposer,
+    NoProposer,
+    Proposer,
+    SuffixProposer,
+)
 from ..sampling import process_rows
 from ..sequence import Sequence, pad_right
 from ..tree import ancestor_mask, depths, is_chain
@@ -37,13 +45,29 @@ from .scheduler import Scheduler
 
 class Engine:
     def __init__(self, target: CausalLM, draft: CausalLM | None = None, max_num_seqs: int = 16,
-                 metrics=None) -> None:  # fmt: skip
+                 metrics=None, suffix_decoding_max_tree_depth: int = 24,
+                 suffix_decoding_max_cached_requests: int = 10_000) -> None:  # fmt: skip
         if max_num_seqs < 1:
             raise LeapDecodeError("max_num_seqs must be >= 1")
         self.target = target
         self.max_num_seqs = max_num_seqs
         self.max_len = target.max_context + MAX_K + 1  # room for drafts past the last token
-        self.proposers: dict[str, Proposer] = {"none": NoProposer(), "ngram": NgramProposer()}
+        if not (isinstance(suffix_decoding_max_tree_depth, int) and
+                2 <= suffix_decoding_max_tree_depth <= 256):  # fmt: skip
+            raise LeapDecodeError("suffix_decoding_max_tree_depth must be an integer in 2..256")
+        if not (isinstance(suffix_decoding_max_cached_requests, int)
+                and suffix_decoding_max_cached_requests >= 0):  # fmt: skip
+            raise LeapDecodeError(
+                "suffix_decoding_max_cached_requests must be an integer >= 0 (0: no global tree)"
+            )
+        self.proposers: dict[str, Proposer] = {
+            "none": NoProposer(),
+            "ngram": NgramProposer(),
+            "suffix": SuffixProposer(
+                suffix_decoding_max_tree_depth, suffix_decoding_max_cached_requests
+            ),  # fmt: skip
+            "lookahead": LookaheadProposer(),
+        }
         if draft is not None:
             self.proposers["draft"] = DraftModelProposer(draft, target.vocab_size)
         self.draft = draft
@@ -68,6 +92,14 @@ class Engine:
     def add_request(self, seq: Sequence) -> None:
         if seq.spec.method in ("draft",) and self.draft is None:
             raise LeapDecodeError("method 'draft' needs a draft model: pass --draft PATH")
+        tree = seq.spec.method == "lookahead" or (
+            seq.spec.use_tree_spec and seq.spec.method in ("ngram", "suffix"))  # fmt: skip
+        if tree and self.target.name != "native":
+            raise LeapDecodeError(
+                f"{seq.spec.method} with a draft tree needs tree attention, which the "
+                f"{self.target.name} backend lacks: use --backend native"
+                + ("" if seq.spec.method == "lookahead" else " or drop use_tree_spec")
+            )
         self.allocate()
         self.waiting.append(seq)
 

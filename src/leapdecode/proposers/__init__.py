@@ -2,6 +2,16 @@
 
 from .base import Drafts, NoProposer, Proposer
 from .draft_model import DraftModelProposer
+from .lookahead import LookaheadProposer
 from .ngram import NgramProposer
+from .suffix import SuffixProposer
 
-__all__ = ["Drafts", "DraftModelProposer", "NgramProposer", "NoProposer", "Proposer"]
+__all__ = [
+    "Drafts",
+    "DraftModelProposer",
+    "LookaheadProposer",
+    "NgramProposer",
+    "NoProposer",
+    "Proposer",
+    "SuffixProposer",
+]

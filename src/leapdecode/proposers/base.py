@@ -48,6 +48,8 @@ class Drafts:
         for (t, p), n in zip(rows, counts.tolist(), strict=True):
             if len(p) != n or any(not 0 <= q <= j for j, q in enumerate(p)):
                 raise ValueError(f"bad draft tree: tokens {t}, parents {p}")
+        if all(p == list(range(len(p))) for _, p in rows):
+            return Drafts(tokens, counts)  # only chains: the plain causal path
         return Drafts(tokens, counts, None, parents)
 
     @staticmethod
