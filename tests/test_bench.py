@@ -66,20 +66,23 @@ def test_quick_bench_writes_table_json_and_plots(tmp_path, capsys):
     data = json.loads((out / "results.json").read_text())
     cells = data["cells"]
     names = {c["name"] for c in cells}
-    assert names == {"none", "draft", "ngram", "hf-generate", "hf-assisted", "hf-lookup"}
+    assert names == {"none", "draft", "ngram", "ngram-tree", "suffix", "suffix-tree", "lookahead",
+                     "hf-generate", "hf-assisted", "hf-lookup"}  # fmt: skip
     assert {c["category"] for c in cells} == set(workloads.CATEGORIES)
     for c in cells:
         assert c["tokens_per_s"] > 0
         assert c["mismatches"]["non_tie"] == 0, (c["category"], c["method"], c["mismatches"])
-        if c["ours"]:
+        if c["name"] in ("none", "draft", "ngram"):
             assert c["efficiency"] is not None and c["predicted_speedup"] > 0
             assert c["speedup_vs_counterpart"] is not None
+        if c["ours"]:
             assert (
                 abs(sum(c["time_split"][k] for k in ("proposer", "verify_forward", "accept")) - 1)
                 < 1e-6
             )
     md = (out / "results.md").read_text()
     assert "| completion | none |" in md and "![speedup_by_category.png]" in md
+    assert "## Lookahead by window W, n-gram size N, candidates G" in md
     for png in ("speedup_by_category.png", "accepted_vs_k.png", "tokens_per_s_vs_k.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
@@ -91,6 +94,8 @@ def test_quick_bench_writes_table_json_and_plots(tmp_path, capsys):
         (["--ngram-k", "0"], "every k must be in 1..64"),
         (["--categories", "poetry"], "unknown category"),
         (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--lookahead", "3x3"], "WxNxG triples"),
+        (["--lookahead", "3x2x3"], "n-gram size 3..16"),
         (["--prompts", "/nonexistent"], "leapdecode bench prompts"),
     ],
 )

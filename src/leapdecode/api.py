@@ -84,6 +84,8 @@ class LeapDecoder:
         draft_vocab_ranking: dict | None = None,
         draft_vocab: int | None = None,
         max_num_seqs: int = 16,
+        suffix_decoding_max_tree_depth: int = 24,
+        suffix_decoding_max_cached_requests: int = 10_000,
     ):
         self.target = target
         self.draft = draft
@@ -96,6 +98,11 @@ class LeapDecoder:
         if draft is not None:
             self._configure_draft_head(draft_vocab)
         self._engine: Engine | None = None
+        self._engine_options = dict(
+            suffix_decoding_max_tree_depth=suffix_decoding_max_tree_depth,
+            suffix_decoding_max_cached_requests=suffix_decoding_max_cached_requests,
+        )
+        self.engine  # noqa: B018 - build it now: its settings are checked here
         self._ids = itertools.count()
 
     @classmethod
@@ -110,13 +117,18 @@ class LeapDecoder:
         draft_vocab: int | None = None,
         max_num_seqs: int = 16,
         threads: int | None = None,
+        suffix_decoding_max_tree_depth: int = 24,
+        suffix_decoding_max_cached_requests: int = 10_000,
     ) -> LeapDecoder:
         """dtype: float32 | bfloat16 | float16 | auto (the checkpoint's own);
         draft_dtype: the draft's, when it differs (default: the same as dtype);
         draft_vocab: the draft proposes only its N most frequent tokens (default: the draft
         folder's recommendation; 0: all), set once for every request;
         max_num_seqs: KV slots, the most sequences decoded together;
-        threads: CPU threads for torch (default: see leapdecode.threads)."""
+        threads: CPU threads for torch (default: see leapdecode.threads);
+        suffix_decoding_max_tree_depth / _max_cached_requests: the suffix method's tries
+        (vLLM's names and defaults): longest substring counted, and how many finished
+        requests' outputs the global trie keeps (FIFO; 0: none)."""
         set_threads(threads)
         target_model = load_model(target, backend, device, dtype, what="target")
         tokenizer = _load_tokenizer(target)
@@ -126,12 +138,14 @@ class LeapDecoder:
             _check_same_vocab(target, tokenizer, draft)
         ranking = read_vocab_ranking(draft)
         return cls(target_model, tokenizer, _eos_ids(target, target_model.config), draft_model,
-                   ranking, draft_vocab, max_num_seqs)  # fmt: skip
+                   ranking, draft_vocab, max_num_seqs, suffix_decoding_max_tree_depth,
+                   suffix_decoding_max_cached_requests)  # fmt: skip
 
     @property
     def engine(self) -> Engine:
         if self._engine is None:
-            self._engine = Engine(self.target, self.draft, self.max_num_seqs)
+            self._engine = Engine(self.target, self.draft, self.max_num_seqs,
+                                  **self._engine_options)  # fmt: skip
         return self._engine
 
     # ----------------------------------------------------------------- helpers
@@ -227,8 +241,7 @@ class LeapDecoder:
                               **spec_options)  # fmt: skip
         elif spec_options:
             raise LeapDecodeError("pass either spec= or SpecConfig fields as options, not both")
-        if spec.method == "draft" and self.draft is None:
-            raise LeapDecodeError("method 'draft' needs a draft model: pass --draft PATH")
+        self.engine.check(spec)
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         if (
             not isinstance(max_new_tokens, int)

@@ -45,6 +45,47 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def add_draftless_args(p: argparse.ArgumentParser) -> None:
+    """Options of the tree-capable draftless methods (suffix, lookahead, ngram trees)."""
+    g = p.add_argument_group("draftless methods (suffix, lookahead, ngram trees)")
+    g.add_argument("--tree", action="store_true",
+                   help="ngram, suffix: verify several candidates as one tree of at most k "
+                   "nodes (default: one chain)")  # fmt: skip
+    g.add_argument("--suffix-max-spec-factor", type=float, default=1.0,
+                   help="suffix: draft at most this x match length tokens (default 1.0)")  # fmt: skip
+    g.add_argument("--suffix-min-token-prob", type=float, default=0.1,
+                   help="suffix: stop a path below this probability (default 0.1)")  # fmt: skip
+    g.add_argument("--suffix-max-tree-depth", type=int, default=24,
+                   help="suffix: longest substring counted (default 24)")  # fmt: skip
+    g.add_argument("--suffix-max-cached-requests", type=int, default=10_000,
+                   help="suffix: earlier requests' outputs kept in the global tree (FIFO; "
+                   "0 = none; default 10000)")  # fmt: skip
+    g.add_argument("--lookahead-window", type=int, default=3, help="lookahead: W (default 3)")
+    g.add_argument("--lookahead-ngram-size", type=int, default=3,
+                   help="lookahead: N, 3 or more (default 3)")  # fmt: skip
+    g.add_argument("--lookahead-max-candidates", type=int, default=3,
+                   help="lookahead: G, n-grams verified per step (default 3)")  # fmt: skip
+
+
+def spec_options(args) -> dict:
+    """SpecConfig fields from add_draftless_args' flags."""
+    return dict(
+        use_tree_spec=args.tree,
+        suffix_decoding_max_spec_factor=args.suffix_max_spec_factor,
+        suffix_decoding_min_token_prob=args.suffix_min_token_prob,
+        lookahead_window=args.lookahead_window,
+        lookahead_ngram_size=args.lookahead_ngram_size,
+        lookahead_max_candidates=args.lookahead_max_candidates,
+    )
+
+
+def engine_options(args) -> dict:
+    return dict(
+        suffix_decoding_max_tree_depth=args.suffix_max_tree_depth,
+        suffix_decoding_max_cached_requests=args.suffix_max_cached_requests,
+    )
+
+
 def _add_generation_args(p: argparse.ArgumentParser, method_default: str) -> None:
     p.add_argument("--method", default=method_default, choices=list(METHODS))
     p.add_argument("--k", type=int, default=4, help="draft tokens per step (default 4)")
@@ -82,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text from a prompt")
     _add_model_args(gen)
     _add_generation_args(gen, method_default="none")
+    add_draftless_args(gen)
     gen.add_argument("--json", action="store_true", help="one JSON object per prompt per line")
     gen.add_argument("--prompts-file", help='JSONL file, one {"prompt": ...} per line')
     gen.add_argument("prompt", nargs="?", help="the prompt text, or - to read stdin")
@@ -160,7 +202,7 @@ def read_prompts_file(path: str) -> list[str]:
 def _resolve_models(args) -> tuple[str, str | None]:
     """--target / --draft, or the embedded pair; a draft is loaded only where it can run."""
     target, draft = resolve_models(args.target, args.draft)
-    if args.method in ("none", "ngram"):
+    if args.method not in ("draft", "auto"):
         return target, None  # only draft and auto run a draft model
     if draft is None and args.method == "draft":
         raise LeapDecodeError("method 'draft' needs a draft model: pass --draft PATH")
@@ -175,7 +217,7 @@ def cmd_generate(args) -> int:
     decoder = LeapDecoder.from_pretrained(
         target, draft=draft, backend=args.backend, device=args.device, dtype=args.dtype,
         draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab if draft else None,
-        threads=args.threads,
+        threads=args.threads, **engine_options(args),
     )  # fmt: skip
     for prompt in prompts:
         result = decoder.generate(
@@ -191,6 +233,7 @@ def cmd_generate(args) -> int:
             ngram_min=args.ngram_min,
             ngram_max=args.ngram_max,
             draft_min_prob=args.draft_min_prob,
+            **spec_options(args),
         )
         if args.json:
             print(json.dumps(result.as_dict()), flush=True)

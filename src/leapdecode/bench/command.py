@@ -25,6 +25,23 @@ def _ks(text: str, flag: str) -> list[int]:
     return ks
 
 
+def _wngs(text: str) -> list[tuple[int, int, int]]:
+    """'3x3x3,4x3x2' -> [(3, 3, 3), (4, 3, 2)], each checked as SpecConfig checks it."""
+    from ..config import SpecConfig
+
+    out = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        try:
+            w, n, g = (int(x) for x in part.split("x"))
+        except ValueError:
+            raise LeapDecodeError(
+                f"--lookahead takes WxNxG triples, e.g. 3x3x3,4x3x2 (got {part!r})"
+            ) from None
+        SpecConfig(lookahead_window=w, lookahead_ngram_size=n, lookahead_max_candidates=g)
+        out.append((w, n, g))
+    return out
+
+
 def add_parsers(sub, model_args) -> None:
     p = sub.add_parser("bench", help="Spec-Bench-style benchmark against transformers")
     what = p.add_subparsers(dest="what", required=True, parser_class=type(p))
@@ -53,6 +70,11 @@ def add_parsers(sub, model_args) -> None:
     run.add_argument("--repeats", type=int, default=3, help="timed rounds per prompt (median)")
     run.add_argument("--draft-k", default="2,3,4,6")
     run.add_argument("--ngram-k", default="4,8,16")
+    run.add_argument("--suffix-k", default="8,16", help="k for suffix (path mode)")
+    run.add_argument("--tree-k", default="16",
+                     help="node budgets for the tree modes (ngram-tree, suffix-tree)")  # fmt: skip
+    run.add_argument("--lookahead", default="2x3x2,3x3x3,4x3x2,3x4x3", metavar="WxNxG,...",
+                     help="lookahead settings: window W x n-gram size N x candidates G")  # fmt: skip
     run.add_argument(
         "--peer-draft-k", default=None, help="k for assisted generation (default: --draft-k)"
     )
@@ -61,12 +83,16 @@ def add_parsers(sub, model_args) -> None:
     )
     run.add_argument("--no-peers", action="store_true", help="skip the transformers peers")
     run.add_argument("--methods", default=None,
-                     help="only these, comma-separated (none,draft,ngram,hf-generate,hf-assisted,hf-lookup)")  # fmt: skip
+                     help="only these, comma-separated (none, draft, ngram, ngram-tree, suffix, "
+                     "suffix-tree, lookahead, hf-generate, hf-assisted, hf-lookup)")  # fmt: skip
     from .serve import add_parser as add_serve
     from .serve import add_soak_parser
 
     add_serve(what, model_args, PROMPTS)
     add_soak_parser(what, model_args, PROMPTS)
+    from .repeated import add_parser as add_repeated
+
+    add_repeated(what, model_args)
 
     run.add_argument("--quick", action="store_true",
                      help="smoke run: 2 prompts a category, 32 tokens, one round, one k each")  # fmt: skip
@@ -109,6 +135,8 @@ def cmd_run(args) -> int:
     if args.repeats < 1:
         raise LeapDecodeError("--repeats must be >= 1")
     draft_ks, ngram_ks = _ks(args.draft_k, "--draft-k"), _ks(args.ngram_k, "--ngram-k")
+    suffix_ks, tree_ks = _ks(args.suffix_k, "--suffix-k"), _ks(args.tree_k, "--tree-k")
+    lookaheads = _wngs(args.lookahead)
     peer_ks = {
         "draft": _ks(args.peer_draft_k, "--peer-draft-k") if args.peer_draft_k else draft_ks,
         "ngram": _ks(args.peer_ngram_k, "--peer-ngram-k") if args.peer_ngram_k else ngram_ks,
@@ -117,6 +145,7 @@ def cmd_run(args) -> int:
     if args.quick:
         per_cat, repeats, cap = 2, 1, 32
         draft_ks, ngram_ks = draft_ks[len(draft_ks) // 2 : len(draft_ks) // 2 + 1], ngram_ks[:1]
+        suffix_ks, tree_ks, lookaheads = suffix_ks[:1], tree_ks[:1], lookaheads[:1]
         peer_ks = {"draft": draft_ks, "ngram": ngram_ks}
     sets = workloads.load(args.prompts, cats)
     if per_cat is not None:
@@ -129,14 +158,16 @@ def cmd_run(args) -> int:
         draft_vocab=args.draft_vocab, threads=args.threads,
     )  # fmt: skip
     peers = None if args.no_peers else HFPeers(target, draft, args.dtype, args.draft_dtype)
-    methods = runner.method_list(draft_ks, ngram_ks, peer_ks, draft is not None, peers is not None)
+    methods = runner.method_list(draft_ks, ngram_ks, peer_ks, draft is not None, peers is not None,
+                                 tree_ks, suffix_ks, lookaheads)  # fmt: skip
     if args.methods:
         keep = {m.strip() for m in args.methods.split(",") if m.strip()}
-        unknown = keep - {"none", "draft", "ngram", *runner.PEERS}
+        unknown = keep - {*runner.OURS, *runner.PEERS}
         if unknown:
             raise LeapDecodeError(f"unknown method {sorted(unknown)[0]!r} in --methods")
         methods = [m for m in methods if m.name in keep]
-    costs = runner.measure_costs(dec, sorted(set(draft_ks + ngram_ks)))
+    costs = runner.measure_costs(dec, sorted({*draft_ks, *ngram_ks, *suffix_ks, *tree_ks,
+                                               *(m.k for m in methods if m.name == "lookahead")}))  # fmt: skip
     t0 = time.perf_counter()
     if not 0 <= args.draft_min_prob < 1:
         raise LeapDecodeError("--draft-min-prob must be in [0, 1)")
@@ -241,5 +272,7 @@ def cmd_soak(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    from .repeated import cmd_repeated
+
     return {"prompts": cmd_prompts, "run": cmd_run, "serve": cmd_serve,
-            "soak": cmd_soak}[args.what](args)  # fmt: skip
+            "soak": cmd_soak, "repeated": cmd_repeated}[args.what](args)  # fmt: skip

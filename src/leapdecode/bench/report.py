@@ -55,8 +55,9 @@ def aggregate(records: list[Record], costs: dict, mismatches: dict) -> list[dict
             "mean_proposed_per_step": proposed / steps if ours and steps else None,
             "draft_forwards": sum(r.draft_forwards for r in rs),
             "c": c if ours else None,
-            "predicted_speedup": (
-                predicted_speedup(alpha, r0.k, c) if ours and alpha is not None and c is not None
+            "predicted_speedup": (  # Leviathan's formula holds for fixed-k chains only
+                predicted_speedup(alpha, r0.k, c)
+                if r0.name in ("draft", "ngram") and alpha is not None and c is not None
                 else (1.0 if r0.name == "none" else None)
             ),
             "ms_per_step": {
@@ -85,10 +86,12 @@ def aggregate(records: list[Record], costs: dict, mismatches: dict) -> list[dict
             else None
         )
         if cell["ours"]:
-            peer_label = COUNTERPART[cell["name"]] + (
-                "" if cell["name"] == "none" else f" k={cell['k']}"
-            )
-            peer = by_key.get((cell["category"], peer_label))
+            peer_label = None
+            if cell["name"] in COUNTERPART:
+                peer_label = COUNTERPART[cell["name"]] + (
+                    "" if cell["name"] == "none" else f" k={cell['k']}"
+                )
+            peer = by_key.get((cell["category"], peer_label)) if peer_label else None
             cell["counterpart"] = peer_label if peer else None
             cell["speedup_vs_counterpart"] = (
                 cell["tokens_per_s"] / peer["tokens_per_s"] if peer else None
@@ -120,9 +123,31 @@ def markdown(cells: list[dict], meta: dict) -> str:
                 "–"
                 if b is None
                 else f"{b['tokens_per_s']:.0f} tok/s, {b['speedup_vs_none']:.2f}x"
-                + ("" if b["name"] in ("none", "hf-generate") else f" (k={b['k']})")
+                + (
+                    ""
+                    if b["name"] in ("none", "hf-generate")
+                    else f" ({b['method'].removeprefix('lookahead ')})"
+                    if b["name"] == "lookahead"
+                    else f" (k={b['k']})"
+                )  # fmt: skip
             )
         lines.append(f"| {name} | " + " | ".join(row) + " |")
+    looks = list(dict.fromkeys(c["method"] for c in cells if c["name"] == "lookahead"))
+    if looks:
+        lines += ["", "## Lookahead by window W, n-gram size N, candidates G", "",
+                  "speedup over `none` (tokens per target forward); nodes = the tree's size, "
+                  "(W-1) + (N-2) W + G (N-1).", "",
+                  "| setting | nodes | " + " | ".join(cats) + " |",
+                  "|---" * (len(cats) + 2) + "|"]  # fmt: skip
+        by = {(c["category"], c["method"]): c for c in cells}
+        for label in looks:
+            row = []
+            for cat in cats:
+                c = by.get((cat, label))
+                row.append("–" if c is None else f"{_f(c['speedup_vs_none'])}x "
+                           f"({_f(c['mean_accepted_tokens'])})")  # fmt: skip
+            k = next(c["k"] for c in cells if c["method"] == label)
+            lines.append(f"| {label.removeprefix('lookahead ')} | {k} | " + " | ".join(row) + " |")
     lines += [
         "", "## Every cell", "",
         "tok/fwd = tokens per target decode forward (its own token included); alpha = accepted / "

@@ -21,18 +21,46 @@ COUNTERPART = {"none": "hf-generate", "draft": "hf-assisted", "ngram": "hf-looku
 PEERS = tuple(COUNTERPART.values())
 
 
+OURS = ("none", "draft", "ngram", "ngram-tree", "suffix", "suffix-tree", "lookahead")
+
+
 @dataclass(frozen=True)
 class Method:
-    name: str  # none | draft | ngram | hf-generate | hf-assisted | hf-lookup
-    k: int = 0
+    # none | draft | ngram | ngram-tree | suffix | suffix-tree | lookahead | hf-generate |
+    # hf-assisted | hf-lookup ("-tree": the method with use_tree_spec)
+    name: str
+    k: int = 0  # draft tokens (tree methods: nodes) per step
+    opts: tuple = ()  # further SpecConfig fields, as (name, value) pairs
+
+    @property
+    def method(self) -> str:
+        """The engine's method name."""
+        return self.name.removesuffix("-tree")
+
+    @property
+    def options(self) -> dict:
+        return dict(self.opts) | ({"use_tree_spec": True} if self.name.endswith("-tree") else {})
 
     @property
     def label(self) -> str:
-        return self.name if self.name in ("none", "hf-generate") else f"{self.name} k={self.k}"
+        if self.name in ("none", "hf-generate"):
+            return self.name
+        if self.name == "lookahead":
+            o = self.options
+            return (f"lookahead W{o['lookahead_window']} N{o['lookahead_ngram_size']} "
+                    f"G{o['lookahead_max_candidates']}")  # fmt: skip
+        return f"{self.name} k={self.k}"
 
     @property
     def ours(self) -> bool:
         return not self.name.startswith("hf-")
+
+
+def lookahead(w: int, n: int, g: int) -> Method:
+    """Lookahead with window W, n-gram size N and G candidates: k = its tree's nodes."""
+    k = (w - 1) + (n - 2) * w + g * (n - 1)
+    opts = (("lookahead_window", w), ("lookahead_ngram_size", n), ("lookahead_max_candidates", g))
+    return Method("lookahead", k, opts)
 
 
 @dataclass
@@ -60,11 +88,17 @@ class Record:
         return statistics.median(self.seconds)
 
 
-def method_list(draft_ks, ngram_ks, peer_ks, with_draft: bool, with_peers: bool) -> list[Method]:
+def method_list(draft_ks, ngram_ks, peer_ks, with_draft: bool, with_peers: bool,
+                tree_ks=(), suffix_ks=(), lookaheads=()) -> list[Method]:  # fmt: skip
+    """lookaheads: (W, N, G) triples."""
     methods = [Method("none")]
     if with_draft:
         methods += [Method("draft", k) for k in draft_ks]
     methods += [Method("ngram", k) for k in ngram_ks]
+    methods += [Method("ngram-tree", k) for k in tree_ks]
+    methods += [Method("suffix", k) for k in suffix_ks]
+    methods += [Method("suffix-tree", k) for k in tree_ks]
+    methods += [lookahead(*wng) for wng in lookaheads]
     if with_peers:
         methods.append(Method("hf-generate"))
         if with_draft:
@@ -77,9 +111,10 @@ def _run_once(dec: LeapDecoder, peers, m: Method, ids, max_new: int, min_prob: f
     """(seconds, tokens, stats or None, target forwards)."""
     if m.ours:
         t0 = time.perf_counter()
-        out = dec.generate(
-            ids, method=m.name, k=m.k, max_new_tokens=max_new, draft_min_prob=min_prob
-        )
+        out = dec.generate(ids, method=m.method, k=m.k, max_new_tokens=max_new,
+                           draft_min_prob=min_prob, **m.options)  # fmt: skip
+        if m.method == "suffix":  # what a prompt's own runs wrote is not an earlier request's
+            dec.engine.proposers["suffix"].drop_last()
         return time.perf_counter() - t0, out.token_ids, out.stats, out.stats.target_forwards
     t0 = time.perf_counter()
     tokens, forwards = peers.generate(ids, m.name, m.k, max_new, min_prob)
@@ -124,6 +159,10 @@ def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Meth
             for m, r in recs.items():
                 _fill_stats(r, stats_by_rep[m])
                 records.append(r)
+            if any(m.method == "suffix" for m in methods):
+                # as a server would: later requests find this one's output in the global tree
+                out = next(r.tokens for r in recs.values())
+                dec.engine.proposers["suffix"].cache_output(out)
     bar.close()
     return records
 

@@ -89,17 +89,21 @@ class Engine:
         if self.draft is not None:
             self.draft.allocate(self.max_num_seqs, self.max_len)
 
-    def add_request(self, seq: Sequence) -> None:
-        if seq.spec.method in ("draft",) and self.draft is None:
+    def check(self, spec) -> None:
+        """Refuse a request this engine cannot run (before it is queued)."""
+        if spec.method == "draft" and self.draft is None:
             raise LeapDecodeError("method 'draft' needs a draft model: pass --draft PATH")
-        tree = seq.spec.method == "lookahead" or (
-            seq.spec.use_tree_spec and seq.spec.method in ("ngram", "suffix"))  # fmt: skip
+        tree = spec.method == "lookahead" or (
+            spec.use_tree_spec and spec.method in ("ngram", "suffix", "auto"))  # fmt: skip
         if tree and self.target.name != "native":
             raise LeapDecodeError(
-                f"{seq.spec.method} with a draft tree needs tree attention, which the "
+                f"{spec.method} with a draft tree needs tree attention, which the "
                 f"{self.target.name} backend lacks: use --backend native"
-                + ("" if seq.spec.method == "lookahead" else " or drop use_tree_spec")
+                + ("" if spec.method == "lookahead" else " or drop use_tree_spec")
             )
+
+    def add_request(self, seq: Sequence) -> None:
+        self.check(seq.spec)
         self.allocate()
         self.waiting.append(seq)
 

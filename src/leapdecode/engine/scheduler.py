@@ -10,7 +10,7 @@ where E_i(k) = 1 + a_i + a_i^2 + ... + a_i^k is the expected number of tokens se
 emits with k drafts when each draft is accepted with probability a_i (its running
 acceptance estimate for that method), and the costs come from `CostModel` (profiled on
 this machine, refreshed from measured step times); `_auto` says how the plan is found. A
-sequence whose text repeats gets n-gram drafts for free (no draft forwards); a busy batch,
+sequence whose text repeats gets n-gram or suffix drafts for free (no draft forwards); a busy batch,
 where a verify row costs as much as it brings, gets k = 0. There is no threshold table, so
 there is no cliff: k falls smoothly as rows get dearer.
 """
@@ -25,7 +25,9 @@ from ..config import MAX_K
 from ..sequence import Sequence
 from .cost_model import CostModel
 
-PRIOR = {"draft": 0.6, "ngram": 0.5}  # acceptance before anything is observed
+PRIOR = {"draft": 0.6, "ngram": 0.5, "suffix": 0.5}  # acceptance before anything is observed
+AUTO_METHODS = ("ngram", "suffix", "draft")  # what auto chooses from (draft: when loaded)
+DRAFT = AUTO_METHODS.index("draft")
 EMA = 0.15  # weight of one new draft outcome in a sequence's acceptance estimate
 
 
@@ -105,6 +107,10 @@ class Scheduler:
         avail = len(ngram.lookup(seq, min(MAX_K, 2 * k, limit)))
         if avail:
             opts.append(("ngram", avail, self._estimate(seq, "ngram").rate))
+        suffix = self.engine.proposers["suffix"]
+        avail = len(suffix.speculate(seq, min(MAX_K, 2 * k, limit))[0])
+        if avail:
+            opts.append(("suffix", avail, self._estimate(seq, "suffix").rate))
         if "draft" in self.engine.proposers and min(k, limit) > 0:
             opts.append(("draft", min(k, limit), self._estimate(seq, "draft").rate))
         return opts
@@ -134,21 +140,21 @@ class Scheduler:
                 fixed_dk, fixed_dn = max(fixed_dk, p[1]), fixed_dn + 1
         options = [self._options(seqs[i]) for i in auto]
         top = max((lim for opts in options for _, lim, _ in opts), default=0)
-        methods = ("ngram", "draft")
+        methods = AUTO_METHODS
         rows_idx = np.arange(len(auto))
         ks = np.arange(top + 1)  # [K+1]
-        gain = np.full((len(auto), 2, top + 1), -np.inf)  # [A, method, k]
+        gain = np.full((len(auto), len(methods), top + 1), -np.inf)  # [A, method, k]
         gain[:, :, 0] = 0.0
         for j, opts in enumerate(options):
             for method, lim, a in opts:
                 gain[j, methods.index(method), 1 : lim + 1] = np.cumsum(a ** ks[1 : lim + 1])
-        can_draft = np.isfinite(gain[:, 1, 1:]).any(1) if top else np.zeros(len(auto), bool)
+        can_draft = np.isfinite(gain[:, DRAFT, 1:]).any(1) if top else np.zeros(len(auto), bool)
 
         def exact(choice: np.ndarray) -> float:
             """Modelled goodput of a plan (flat indices method * (K+1) + k per auto row)."""
             m, k = np.divmod(choice, top + 1)
             t = fixed_tokens + gain.reshape(len(auto), -1)[rows_idx, choice].sum()
-            drafting = (m == 1) & (k > 0)
+            drafting = (m == DRAFT) & (k > 0)
             dk = max(fixed_dk, int(k[drafting].max()) if drafting.any() else 0)
             c = cost.verify_s(n, n + fixed_rows + int(k.sum()))
             c += dk * cost.draft_s(fixed_dn + int(drafting.sum()))
@@ -161,14 +167,14 @@ class Scheduler:
             depths += [d for d in range(1, top + 1) if d >= fixed_dk]
         for kd in depths:
             g = gain.copy()
-            g[:, 1, kd + 1 :] = -np.inf  # drafts deeper than kd are not made
+            g[:, DRAFT, kd + 1 :] = -np.inf  # drafts deeper than kd are not made
             goodput, rows, n_draft = best_g, n + fixed_rows, max(1, int(can_draft.sum()))
             for _ in range(4):
                 step = max(1, n)  # marginal cost of a row near the current plan's size
                 c_row = (cost.verify_s(n, rows + step) - cost.verify_s(n, rows)) / step
                 d_row = kd * cost.draft_s(fixed_dn + n_draft) / (fixed_dn + n_draft)
-                row_cost = np.broadcast_to(c_row * ks, g.shape).copy()  # [A, 2, K+1]
-                row_cost[:, 1, 1:] += d_row
+                row_cost = np.broadcast_to(c_row * ks, g.shape).copy()  # [A, method, K+1]
+                row_cost[:, DRAFT, 1:] += d_row
                 choice = (g - goodput * row_cost).reshape(len(auto), -1).argmax(1)  # [A]
                 new = exact(choice)
                 if new > best_g:
@@ -177,7 +183,7 @@ class Scheduler:
                     break
                 m, k = np.divmod(choice, top + 1)
                 goodput, rows = new, n + fixed_rows + int(k.sum())
-                n_draft = max(1, int(((m == 1) & (k > 0)).sum()))
+                n_draft = max(1, int(((m == DRAFT) & (k > 0)).sum()))
         for j, i in enumerate(auto):
             m, k = divmod(int(best_pick[j]), top + 1)
             plan[i] = (methods[m], k) if k > 0 else ("none", 0)

@@ -74,7 +74,8 @@ class LookaheadProposer(Proposer):
 
     def add(self, seqs: list[Sequence]) -> None:
         for seq in seqs:
-            self.state[seq.id] = _State(seq)
+            if seq.spec.method == "lookahead":
+                self.state[seq.id] = _State(seq)
 
     def tree(self, seq: Sequence, budget: int) -> tuple[list[int], list[int]]:
         """This step's (tokens, parents) for `seq`, at most `budget` nodes."""

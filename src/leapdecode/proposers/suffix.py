@@ -158,19 +158,21 @@ class SuffixProposer(Proposer):
         self.local: dict[int, SuffixTree] = {}
         self.synced: dict[int, int] = {}  # sequence id -> tokens already in its tries
         self.global_tree = SuffixTree(max_depth)
-        self.global_order: OrderedDict[int, None] = OrderedDict()  # FIFO of cached requests
+        self.global_order: OrderedDict = OrderedDict()  # FIFO of cached requests' ids
+        self.clock = itertools.count()
 
     def add(self, seqs: list[Sequence]) -> None:
+        # Only requests that may draft with suffix (suffix, auto) build a trie or reach the
+        # global tree: the others pay nothing for this method.
         for seq in seqs:
+            if seq.spec.method not in ("suffix", "auto"):
+                continue
             tree = SuffixTree(self.max_depth)
             tree.extend(0, seq.tokens[: seq.prompt_len])
             self.local[seq.id] = tree
             self.synced[seq.id] = seq.prompt_len
             if self.max_cached > 0:
-                self.global_order[seq.id] = None
-                while len(self.global_order) > self.max_cached:
-                    old, _ = self.global_order.popitem(last=False)
-                    self.global_tree.remove(old)
+                self._cache(seq.id)
 
     def _sync(self, seq: Sequence) -> None:
         done = self.synced[seq.id]
@@ -202,6 +204,26 @@ class SuffixProposer(Proposer):
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Drafts:
         return Drafts.from_trees([self.speculate(s, k)[:2] for s, k in zip(seqs, ks, strict=True)])
+
+    def _cache(self, sid) -> None:
+        self.global_order[sid] = None
+        while len(self.global_order) > self.max_cached:
+            old, _ = self.global_order.popitem(last=False)
+            self.global_tree.remove(old)
+
+    def cache_output(self, tokens: list[int]) -> None:
+        """Add a finished request's output to the global tree (benchmarks replay a server's
+        history with it)."""
+        if self.max_cached > 0:
+            sid = ("cached", next(self.clock))
+            self._cache(sid)
+            self.global_tree.extend(sid, list(tokens))
+
+    def drop_last(self) -> None:
+        """Take the most recently started request's output out of the global tree."""
+        if self.global_order:
+            sid, _ = self.global_order.popitem(last=True)
+            self.global_tree.remove(sid)
 
     def remove(self, seqs: list[Sequence]) -> None:
         for seq in seqs:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 import uuid
@@ -142,6 +143,8 @@ def create_app(decoder: LeapDecoder, spec: SpecConfig, model_name: str, max_queu
     def _sequence(req: GenerationRequest, prompt):
         try:
             seq_spec = spec.with_overrides(req.method, req.k, req.k_table)
+            if req.spec_fields:
+                seq_spec = dataclasses.replace(seq_spec, **req.spec_fields)
             return decoder.request(prompt, spec=seq_spec, **req.options())
         except LeapDecodeError as e:
             raise protocol.bad(str(e), _param_of(str(e))) from None

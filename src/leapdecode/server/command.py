@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from ..config import MAX_K, SpecConfig, parse_k_table
+from ..cli import add_draftless_args, engine_options, spec_options
+from ..config import MAX_K, METHODS, SpecConfig, parse_k_table
 from ..errors import LeapDecodeError
 
 
@@ -16,7 +17,7 @@ def add_parser(sub, model_args) -> None:
     p.add_argument("--max-num-seqs", type=int, default=16, help="sequences decoded together")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests that may wait for a slot; more get 429 (default 64)")  # fmt: skip
-    p.add_argument("--speculation", default="auto", choices=["auto", "none", "draft", "ngram"],
+    p.add_argument("--speculation", default="auto", choices=list(METHODS),
                    help="the default method (a request may override it; default auto)")  # fmt: skip
     p.add_argument("--k", type=int, default=4,
                    help=f"draft tokens per step (auto: the most it may use; 0..{MAX_K})")  # fmt: skip
@@ -29,6 +30,7 @@ def add_parser(sub, model_args) -> None:
     p.add_argument("--api-key", default=os.environ.get("LEAPDECODE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (or $LEAPDECODE_API_KEY)")  # fmt: skip
     p.add_argument("--served-model-name", default=None, help="model id (default: folder name)")
+    add_draftless_args(p)
 
 
 def cmd_serve(args) -> int:
@@ -45,14 +47,15 @@ def cmd_serve(args) -> int:
     table = parse_k_table(args.k_per_batch_size) if args.k_per_batch_size else ()
     spec = SpecConfig(method=args.speculation, num_speculative_tokens=args.k,
                       prompt_lookup_min=args.ngram_min, prompt_lookup_max=args.ngram_max,
-                      num_speculative_tokens_per_batch_size=table)  # fmt: skip
+                      num_speculative_tokens_per_batch_size=table, **spec_options(args))  # fmt: skip
     target, draft = resolve_models(args.target, args.draft)
     if args.speculation == "draft" and draft is None:
         raise LeapDecodeError("--speculation draft needs a draft model: pass --draft PATH")
     dec = LeapDecoder.from_pretrained(target, draft=draft, backend=args.backend,
                                       device=args.device, dtype=args.dtype,
                                       draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab,
-                                      max_num_seqs=args.max_num_seqs, threads=args.threads)  # fmt: skip
+                                      max_num_seqs=args.max_num_seqs, threads=args.threads,
+                                      **engine_options(args))  # fmt: skip
     name = args.served_model_name or os.path.basename(os.path.abspath(target))
     app = create_app(dec, spec, name, args.max_queue, args.api_key)
     if spec.method == "auto":

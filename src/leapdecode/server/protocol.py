@@ -8,11 +8,12 @@ unknown model) with an OpenAI-style body naming the field:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
 
-from ..config import MAX_K, METHODS, parse_k_table
+from ..config import MAX_K, METHODS, SpecConfig, parse_k_table
 from ..errors import LeapDecodeError
 
 
@@ -81,6 +82,7 @@ class GenerationRequest:
     k: int | None
     k_table: tuple | None = None  # per-request batch-size -> k table
     include_usage: bool = True
+    spec_fields: dict | None = None  # other SpecConfig fields (use_tree_spec, lookahead_*, ..)
 
     def options(self) -> dict:
         return {"max_new_tokens": self.max_tokens, "temperature": self.temperature,
@@ -142,11 +144,22 @@ def _common(body: dict, prompt) -> GenerationRequest:
             except (LeapDecodeError, TypeError, ValueError) as e:
                 raise bad(f"'num_speculative_tokens_per_batch_size' must map batch sizes to k: {e}",
                           "speculation.num_speculative_tokens_per_batch_size") from None  # fmt: skip
+        fields = {f.name for f in dataclasses.fields(SpecConfig)} - {
+            "method", "num_speculative_tokens", "num_speculative_tokens_per_batch_size"}  # fmt: skip
+        unknown = sorted(set(spec) - fields - {"method", "num_speculative_tokens",
+                                               "num_speculative_tokens_per_batch_size"})  # fmt: skip
+        if unknown:
+            raise bad(f"unknown speculation field {unknown[0]!r}: use method, "
+                      "num_speculative_tokens, num_speculative_tokens_per_batch_size or "
+                      f"{', '.join(sorted(fields))}", f"speculation.{unknown[0]}")  # fmt: skip
+        extra = {name: spec[name] for name in fields if name in spec}
     else:
         table = None
+        extra = None
     return GenerationRequest(prompt, max_tokens, float(temperature), float(top_p), top_k, seed,
                              stop, stream, method, k, table,
-                             include_usage=bool(opts.get("include_usage", True)))  # fmt: skip
+                             include_usage=bool(opts.get("include_usage", True)),
+                             spec_fields=extra or None)  # fmt: skip
 
 
 def parse_completion(body: dict) -> GenerationRequest:

@@ -86,7 +86,10 @@ class EngineWorker:
                 with self.lock:
                     self.pending -= 1
                 self.sinks[item.id] = sink
-                self.engine.add_request(item)
+                try:
+                    self.engine.add_request(item)
+                except Exception as e:  # noqa: BLE001 - refuse this one request, keep serving
+                    self._finish(item, "error", str(e))
             else:
                 seq = self.engine.abort(item)
                 if seq is not None:
