@@ -140,3 +140,16 @@ def test_all_outcomes_reachable(exact):
     # Sanity of the fixture itself: outcomes are pairs over at most 3 x 3 tokens.
     firsts = {a for a, _ in exact}
     assert len(firsts) <= 3 and all(len(list(g)) <= 3 for _, g in itertools.groupby(sorted(exact)))
+
+
+@pytest.mark.parametrize("method,kw", [("ngram", {"ngram_min": 1}),
+                                       ("ngram", {"ngram_min": 1, "use_tree_spec": True}),
+                                       ("suffix", {}), ("lookahead", {})])  # fmt: skip
+def test_seeded_draftless_methods_emit_what_plain_sampling_emits(decoder, prompt, method, kw):
+    """Deterministic drafts are verified by the target's own per-position sample, so a seeded
+    request gives the same tokens with or without them (verify.py)."""
+    ref = decoder.generate_batch([prompt] * 8, method="none", max_new_tokens=24, seed=11, **PARAMS)
+    out = decoder.generate_batch([prompt] * 8, method=method, k=4, max_new_tokens=24, seed=11,
+                                 **PARAMS, **kw)  # fmt: skip
+    assert sum(r.stats.accepted for r in out) > 0
+    assert [r.token_ids for r in out] == [r.token_ids for r in ref]

@@ -90,6 +90,14 @@ def test_token_prompt_and_per_request_speculation(client, decoder):
         )  # fmt: skip
         assert out.choices[0].text == decoder.generate(ids, max_new_tokens=10).text
         assert out.model_extra["speculation"]["method"] == method
+    for spec in ({"method": "ngram", "use_tree_spec": True, "prompt_lookup_min": 1},
+                 {"method": "suffix", "use_tree_spec": True, "suffix_decoding_min_token_prob": 0},
+                 {"method": "lookahead", "lookahead_window": 2, "lookahead_max_candidates": 2,
+                  "num_speculative_tokens": 12}):  # fmt: skip
+        out = client.completions.create(model="tiny", prompt=ids, max_tokens=10, temperature=0,
+                                        extra_body={"speculation": spec})  # fmt: skip
+        assert out.choices[0].text == decoder.generate(ids, max_new_tokens=10).text
+        assert out.model_extra["speculation"]["method"] == spec["method"]
 
 
 def test_streaming_joins_to_the_full_text_and_ends_with_done(server, client):
@@ -181,6 +189,10 @@ BAD = [
      "speculation.method"),
     (json.dumps({"prompt": "x", "speculation": {"num_speculative_tokens": 99}}).encode(), 400,
      "num_speculative_tokens"),
+    (json.dumps({"prompt": "x", "speculation": {"window": 3}}).encode(), 400,
+     "speculation.window"),
+    (json.dumps({"prompt": "x", "speculation": {"method": "lookahead",
+                                                "lookahead_ngram_size": 2}}).encode(), 400, None),
     (json.dumps({"prompt": "word " * 400}).encode(), 400, "prompt"),
     (json.dumps({"prompt": [10**7]}).encode(), 400, "prompt"),
     (json.dumps({"prompt": "x", "model": "gpt-9"}).encode(), 404, "model"),

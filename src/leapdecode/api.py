@@ -277,6 +277,7 @@ class LeapDecoder:
             stop_strings=stop_strings,
             decode=self.decode,
             generator=torch.Generator().manual_seed(gen_seed),
+            draft_generator=torch.Generator().manual_seed((gen_seed + 0x5EED) % 2**63),
             spec=spec,
         )
 

@@ -31,7 +31,10 @@ class Sequence:
     stop_token_ids: frozenset[int]
     stop_strings: tuple[str, ...] = ()
     decode: object = None  # tokens -> str, needed for stop strings
+    # The target's sampling stream: uniform t samples the output token at index t, whatever
+    # the speculation (verify.py); the draft model and its acceptance tests draw from their own.
     generator: torch.Generator = field(default_factory=torch.Generator)
+    draft_generator: torch.Generator = field(default_factory=torch.Generator)
     spec: SpecConfig = field(default_factory=SpecConfig)
     slot: int = -1  # row in every KV cache, given by the scheduler
     stats: RequestStats = field(default_factory=RequestStats)
@@ -39,6 +42,15 @@ class Sequence:
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     arrival_s: float = field(default_factory=time.perf_counter)
     method_used: str = ""  # the method of the last step that drafted (auto picks per step)
+
+    _uniforms: list[float] = field(default_factory=list, repr=False)
+
+    def uniforms(self, start: int, n: int) -> torch.Tensor:
+        """Uniforms start .. start+n-1 of the target's sampling stream [n] (drawn in blocks,
+        kept: one float per output position)."""
+        while len(self._uniforms) < start + n:
+            self._uniforms.extend(torch.rand(64, generator=self.generator).tolist())
+        return torch.tensor(self._uniforms[start : start + n])
 
     @property
     def output(self) -> list[int]:

@@ -67,10 +67,3 @@ def path_to(parents: torch.Tensor, counts: torch.Tensor, node: torch.Tensor,
         path[rows[live], at[live]] = cur[live]
         cur = full[rows, cur]
     return path
-
-
-def is_chain(parents: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """[B] bool: the row's real nodes form one chain."""
-    k = parents.shape[1]
-    valid = torch.arange(k)[None, :] < counts[:, None]
-    return ((parents == torch.arange(k)[None, :]) | ~valid).all(1)

@@ -3,18 +3,23 @@
 Greedy: keep the longest prefix of the drafts that equals the target's argmax, then the
 target's own next token (the bonus token, or the correction at the first mismatch).
 
-Sampling (Leviathan et al. 2023; Chen et al. 2023): accept draft i with probability
-min(1, p_i(d_i) / q_i(d_i)); at the first rejection sample from normalise(max(0, p_i - q_i));
-when every draft is accepted, sample the bonus token from p_k. Draftless proposers
-(n-grams, lookahead) propose deterministically, which is a one-hot q.
+Sampling with a draft model (Leviathan et al. 2023; Chen et al. 2023): accept draft i with
+probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection sample from
+normalise(max(0, p_i - q_i)); when every draft is accepted, sample the bonus token from p_k.
 The output then follows p exactly, whatever q is.
 
-Trees (tree.py says how a tree is laid out): greedy keeps the deepest node whose whole path
-agrees with the target's argmax. Sampling tries, at each node, its children in turn, each
-against what the rejected ones left (SpecInfer's multi-candidate rule for deterministic
-drafts, as in EAGLE): accept child x with probability r(x), where r starts as p and each
-rejected x is zeroed and r renormalised; when every child is rejected, sample from r.
-The emitted tokens follow p exactly at every step, however many candidates there are.
+Sampling with deterministic drafts (n-grams, suffix, lookahead; chains or trees): at every
+node, draw the target's own token y = inverse-CDF(p, u) with the uniform u of the output
+position the node stands for, and accept the child whose token is y (if any): the emitted
+token at output position t is always inverse-CDF(p_t, u_t). So the output is exactly what
+plain sampling with the same per-position uniforms gives, whatever was proposed: a seeded
+request emits the same tokens with or without these methods. It accepts with the same
+probabilities as the rejection rule with a one-hot q ("accept x with probability p(x), else
+zero it, renormalise and try the next sibling", SpecInfer / EAGLE): sibling x is accepted
+with probability p(x) either way.
+
+Trees (tree.py says how a tree is laid out): keep the deepest node whose whole path agrees
+with the target's choice (argmax, or the sample above).
 """
 
 from __future__ import annotations
@@ -83,22 +88,21 @@ def rejection_accept(
     return n_accepted, next_token
 
 
-def tree_greedy_accept(
-    target_logits: torch.Tensor,  # [B, k+1, V] at [root, d1 .. dk]
+def _accept_by_choice(
+    choice: torch.Tensor,  # [B, T] the target's token after each input (argmax or sample)
     drafts: torch.Tensor,  # [B, k]
     parents: torch.Tensor,  # [B, k] input index of each node's parent (tree.py)
     counts: torch.Tensor,  # [B] real nodes per row
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns (path [B, n_max] input indices of the accepted nodes, n_accepted [B],
-    next_token [B])."""
-    choice = target_logits.argmax(-1).cpu()  # [B, T]
-    drafts, parents, counts = drafts.cpu(), parents.cpu(), counts.cpu()
+    """The deepest node whose path agrees with `choice`: (path [B, n_max] input indices,
+    n_accepted [B], next_token [B])."""
+    choice, drafts, parents, counts = choice.cpu(), drafts.cpu(), parents.cpu(), counts.cpu()
     batch, k = drafts.shape
     full = full_parents(parents, counts)  # [B, T]
     mask = ancestor_mask(parents, counts)  # [B, T, T]
     depth = depths(mask)  # [B, T]
     valid = torch.arange(k)[None, :] < counts[:, None]
-    agree = valid & (drafts == choice.gather(1, full[:, 1:]))  # [B, k] vs its parent's argmax
+    agree = valid & (drafts == choice.gather(1, full[:, 1:]))  # [B, k] vs its parent's choice
     ok = torch.cat([torch.ones(batch, 1, dtype=torch.bool), agree], dim=1)  # [B, T]
     on_path = ~(mask & ~ok[:, None, :]).any(-1)  # [B, T] the node and its ancestors agree
     t = k + 1
@@ -108,52 +112,25 @@ def tree_greedy_accept(
     return path_to(parents, counts, best, depth), depth[rows, best], choice[rows, best]
 
 
-def tree_sample_accept(
-    p: torch.Tensor,  # [B, k+1, V] target's processed probabilities at [root, d1 .. dk]
-    drafts: torch.Tensor,  # [B, k] deterministic draft nodes (one-hot q)
+def tree_greedy_accept(
+    target_logits: torch.Tensor,  # [B, k+1, V] at [root, d1 .. dk]
+    drafts: torch.Tensor,  # [B, k]
     parents: torch.Tensor,  # [B, k]
     counts: torch.Tensor,  # [B]
-    uniforms: list[torch.Tensor],  # per row: counts[b] + 1 draws in [0, 1), used in order
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns (path [B, n_max], n_accepted [B], next_token [B]); see the module notes."""
-    batch = drafts.shape[0]
-    drafts_l, parents_l, counts_l = drafts.tolist(), parents.tolist(), counts.tolist()
-    paths, next_tokens = [], []
-    for b in range(batch):
-        children: dict[int, list[int]] = {}
-        for j in range(counts_l[b]):
-            children.setdefault(parents_l[b][j], []).append(j + 1)
-        draws = uniforms[b].tolist()
-        node, path = 0, []
-        while True:
-            probs = p[b, node]  # [V]
-            rejected: list[int] = []
-            mass = 1.0
-            chosen = None
-            for child in children.get(node, []):
-                x = drafts_l[b][child - 1]
-                if x in rejected:
-                    continue  # already zeroed: accepted with probability 0
-                px = float(probs[x])
-                if mass > 0 and draws.pop(0) < px / mass:
-                    chosen = child
-                    break
-                rejected.append(x)
-                mass -= px
-            if chosen is None:
-                residual = probs.clone()
-                if rejected:
-                    residual[torch.tensor(rejected, device=probs.device)] = 0.0
-                if not bool(residual.sum() > 0):  # rounding only: r has mass in exact arithmetic
-                    residual = probs
-                next_tokens.append(int(sample_from(residual[None], torch.tensor([draws[0]]))[0]))
-                break
-            path.append(chosen)
-            node = chosen
-        paths.append(path)
-    width = max((len(x) for x in paths), default=0)
-    out = torch.zeros(batch, width, dtype=torch.long)
-    for b, path in enumerate(paths):
-        out[b, : len(path)] = torch.tensor(path, dtype=torch.long)
-    n = torch.tensor([len(x) for x in paths], dtype=torch.long)
-    return out, n, torch.tensor(next_tokens, dtype=torch.long)
+    """Greedy over a tree: (path [B, n_max], n_accepted [B], next_token [B])."""
+    return _accept_by_choice(target_logits.argmax(-1), drafts, parents, counts)
+
+
+def sample_match_accept(
+    p: torch.Tensor,  # [B, k+1, V] target's processed probabilities at [root, d1 .. dk]
+    drafts: torch.Tensor,  # [B, k] deterministic drafts (a chain or a tree)
+    parents: torch.Tensor,  # [B, k]
+    counts: torch.Tensor,  # [B]
+    uniforms: torch.Tensor,  # [B, k+1] the uniform of the output position of each input
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sampling with deterministic drafts (see the module notes): (path [B, n_max],
+    n_accepted [B], next_token [B])."""
+    batch, t, vocab = p.shape
+    choice = sample_from(p.reshape(batch * t, vocab), uniforms.reshape(-1)).view(batch, t)
+    return _accept_by_choice(choice, drafts, parents, counts)

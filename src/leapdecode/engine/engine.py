@@ -38,8 +38,8 @@ from ..proposers import (
 )
 from ..sampling import process_rows
 from ..sequence import Sequence, pad_right
-from ..tree import ancestor_mask, depths, is_chain
-from ..verify import greedy_accept, rejection_accept, tree_greedy_accept, tree_sample_accept
+from ..tree import ancestor_mask, chain_parents, depths
+from ..verify import greedy_accept, rejection_accept, sample_match_accept, tree_greedy_accept
 from .scheduler import Scheduler
 
 
@@ -247,55 +247,59 @@ class Engine:
         return added
 
     def _verify(self, seqs, logits, drafts: Drafts) -> tuple[torch.Tensor, list[int], list[int]]:
-        """The acceptance rule (verify.py) for the whole batch: greedy rows in one call,
-        sampled rows in another, each with its own temperature / top-k / top-p and its own
-        seeded uniforms (drawn per row, so a row draws the same alone or batched).
+        """The acceptance rule (verify.py) for the whole batch, in at most three calls:
+        greedy rows; sampled rows with a draft model's drafts (rejection sampling, uniforms
+        from the row's draft stream); every other sampled row (deterministic drafts or none:
+        the target's own sample at each position, from the row's per-position uniforms).
+        Each row keeps its own temperature / top-k / top-p and seeded streams, so a row
+        draws the same alone or batched.
 
         Returns (paths [B, k]: input indices of each row's accepted drafts, n_accepted,
         next_token); a chain's path is 1 .. n."""
         dev = logits.device
         batch, k = drafts.tokens.shape
         tokens, counts = drafts.tokens.to(dev), drafts.counts.to(dev)
+        parents = drafts.parents if drafts.parents is not None else chain_parents(batch, k)
         paths = torch.arange(1, k + 1).expand(batch, k).clone()  # [B, k]
         n_acc = [0] * batch
         nxt = [0] * batch
-        trees = drafts.parents is not None
-        chain = is_chain(drafts.parents, drafts.counts) if trees else torch.ones(batch, dtype=bool)
+        stochastic = drafts.stochastic
+        if stochastic is None:
+            stochastic = torch.full((batch,), drafts.probs is not None)
+        stochastic = stochastic & (drafts.counts > 0)
         greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
-        sampled = [i for i, s in enumerate(seqs) if not s.params.greedy and chain[i]]
-        tree_sampled = [i for i, s in enumerate(seqs) if not s.params.greedy and not chain[i]]
-        if greedy and trees:
-            idx = torch.tensor(greedy)
-            path, a, t = tree_greedy_accept(logits[idx.to(dev)], drafts.tokens[idx],
-                                            drafts.parents[idx], drafts.counts[idx])  # fmt: skip
-            paths[idx, : path.shape[1]] = path
-            for j, i in enumerate(greedy):
+        rejection = [i for i, s in enumerate(seqs) if not s.params.greedy and stochastic[i]]
+        matched = [i for i, s in enumerate(seqs) if not s.params.greedy and not stochastic[i]]
+
+        def keep(rows, path, a, t):
+            if path is not None:
+                paths[torch.tensor(rows), : path.shape[1]] = path
+            for j, i in enumerate(rows):
                 n_acc[i], nxt[i] = int(a[j]), int(t[j])
+
+        if greedy and drafts.parents is not None:
+            idx = torch.tensor(greedy)
+            keep(greedy, *tree_greedy_accept(logits[idx.to(dev)], drafts.tokens[idx],
+                                             parents[idx], drafts.counts[idx]))  # fmt: skip
         elif greedy:
             idx = torch.tensor(greedy, device=dev)
-            a, t = greedy_accept(logits[idx], tokens[idx], counts[idx])
-            for j, i in enumerate(greedy):
-                n_acc[i], nxt[i] = int(a[j]), int(t[j])
-        if sampled:
-            idx = torch.tensor(sampled, device=dev)
-            p = process_rows(logits[idx, : k + 1], [seqs[i].params for i in sampled])
-            q = None if drafts.probs is None else drafts.probs.to(dev)[idx]
-            u = torch.zeros(len(sampled), k + 1)
-            for j, i in enumerate(sampled):
+            keep(greedy, None, *greedy_accept(logits[idx], tokens[idx], counts[idx]))
+        if rejection:  # a draft model's chains
+            idx = torch.tensor(rejection, device=dev)
+            p = process_rows(logits[idx, : k + 1], [seqs[i].params for i in rejection])
+            q = drafts.probs.to(dev)[idx]
+            u = torch.zeros(len(rejection), k + 1)
+            for j, i in enumerate(rejection):
                 n = int(drafts.counts[i])
-                draw = torch.rand(n + 1, generator=seqs[i].generator)
+                draw = torch.rand(n + 1, generator=seqs[i].draft_generator)
                 u[j, :n], u[j, k] = draw[:n], draw[n]
-            a, t = rejection_accept(p, q, tokens[idx], counts[idx], u)
-            for j, i in enumerate(sampled):
-                n_acc[i], nxt[i] = int(a[j]), int(t[j])
-        if tree_sampled:
-            idx = torch.tensor(tree_sampled)
-            p = process_rows(logits[idx.to(dev)], [seqs[i].params for i in tree_sampled])
-            draws = [torch.rand(int(drafts.counts[i]) + 1, generator=seqs[i].generator)
-                     for i in tree_sampled]  # fmt: skip
-            path, a, t = tree_sample_accept(p, drafts.tokens[idx], drafts.parents[idx],
-                                            drafts.counts[idx], draws)  # fmt: skip
-            paths[idx, : path.shape[1]] = path
-            for j, i in enumerate(tree_sampled):
-                n_acc[i], nxt[i] = int(a[j]), int(t[j])
+            keep(rejection, None, *rejection_accept(p, q, tokens[idx], counts[idx], u))
+        if matched:
+            idx = torch.tensor(matched)
+            p = process_rows(logits[idx.to(dev)], [seqs[i].params for i in matched])
+            depth = depths(ancestor_mask(parents[idx], drafts.counts[idx]))  # [M, k+1]
+            u = torch.stack([seqs[i].uniforms(seqs[i].n_out, k + 1)[depth[j]]
+                             for j, i in enumerate(matched)])  # fmt: skip
+            keep(matched, *sample_match_accept(p, drafts.tokens[idx], parents[idx],
+                                               drafts.counts[idx], u))  # fmt: skip
         return paths, n_acc, nxt

@@ -29,6 +29,9 @@ class Drafts:
     # [B, k] input index of each draft's parent (0 = the last committed token; tree.py);
     # None: every row is a chain. Trees are deterministic (one-hot q).
     parents: torch.Tensor | None = None
+    # [B] bool: rows whose probs are a drafter's real distribution (the rest are
+    # deterministic, one-hot); None: every row is stochastic iff probs is given.
+    stochastic: torch.Tensor | None = None
 
     @staticmethod
     def empty(batch: int) -> Drafts:
@@ -68,6 +71,7 @@ class Drafts:
         parents = None
         if any(d.parents is not None for _, d in parts):
             parents = chain_parents(batch, k)
+        stochastic = torch.zeros(batch, dtype=torch.bool)
         for rows, d in parts:
             if not rows:
                 continue
@@ -75,6 +79,7 @@ class Drafts:
             w = d.tokens.shape[1]
             tokens[idx, :w] = d.tokens
             counts[idx] = d.counts
+            stochastic[idx] = d.probs is not None
             if parents is not None and d.parents is not None:
                 parents[idx, :w] = d.parents
             if probs is not None:
@@ -84,7 +89,7 @@ class Drafts:
                 else:
                     one_hot = torch.nn.functional.one_hot(d.tokens, vocab).float()
                     probs[pidx, :w] = one_hot.to(probs.device)
-        return Drafts(tokens, counts, probs, parents)
+        return Drafts(tokens, counts, probs, parents, stochastic)
 
 
 class Proposer(ABC):

@@ -111,7 +111,7 @@ class DraftModelProposer(Proposer):
             return logits.argmax(-1), None
         q = process_rows(logits[:, None], [s.params for s in seqs])[:, 0]  # [B, V]
         u = torch.stack([
-            torch.rand((), generator=s.generator) if go else torch.zeros(())
+            torch.rand((), generator=s.draft_generator) if go else torch.zeros(())
             for s, go in zip(seqs, drafting, strict=True)
         ])  # fmt: skip
         return sample_from(q, u), q  # [B] and [B, V], on the model's device

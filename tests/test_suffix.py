@@ -1,0 +1,109 @@
+"""Suffix decoding's count tries: counts, removal, FIFO eviction, drafts, and the global tree."""
+
+import random
+
+import pytest
+
+from leapdecode.bench.repeated import write as write_repeated
+from leapdecode.config import SpecConfig
+from leapdecode.proposers.suffix import SuffixProposer, SuffixTree
+from leapdecode.sampling import SamplingParams
+from leapdecode.sequence import Sequence
+
+
+def _counts(tree: SuffixTree) -> dict[tuple, int]:
+    out = {}
+
+    def walk(node, path):
+        for tok, child in node.children.items():
+            out[path + (tok,)] = child.count
+            walk(child, path + (tok,))
+
+    walk(tree.root, ())
+    return out
+
+
+def _brute(seqs: list[list[int]], depth: int) -> dict[tuple, int]:
+    """How many (sequence, start) pairs have each substring of length <= depth."""
+    out: dict[tuple, int] = {}
+    for s in seqs:
+        for i in range(len(s)):
+            for j in range(i + 1, min(len(s), i + depth) + 1):
+                out[tuple(s[i:j])] = out.get(tuple(s[i:j]), 0) + 1
+    return out
+
+
+def test_counts_match_brute_force_after_appends_and_removals():
+    rng = random.Random(0)
+    tree = SuffixTree(max_depth=5)
+    seqs = {i: [rng.randrange(4) for _ in range(rng.randrange(5, 40))] for i in range(6)}
+    for sid, toks in seqs.items():
+        for a in range(0, len(toks), 7):  # appended in pieces, as a request grows
+            tree.extend(sid, toks[a : a + 7])
+    assert _counts(tree) == _brute(list(seqs.values()), 5)
+    for sid in (1, 4):
+        tree.remove(sid)
+        del seqs[sid]
+    assert _counts(tree) == _brute(list(seqs.values()), 5)
+    assert tree.root.count == sum(len(s) for s in seqs.values())
+
+
+def test_path_draft_follows_the_most_frequent_continuation():
+    tree = SuffixTree(max_depth=8)
+    tree.extend(0, [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 9, 1, 2])
+    (m, node), *_ = [x for x in tree.match([1, 2]) if x[0] == 2]
+    tokens, parents, score = tree.draft(node, 4, 0.0, tree=False)
+    # p(3 | 1 2) = 3/4 (the live suffix counts too), then 2/3, then a tie of 4 -> 1 and
+    # 4 -> 9 (the more recent wins), then 1 for sure
+    assert tokens == [3, 4, 9, 1] and parents == [0, 1, 2, 3]
+    assert score == pytest.approx(3 / 4 + 1 / 2 + 1 / 4 + 1 / 4)
+    tokens, parents, _ = tree.draft(node, 4, 0.0, tree=True)
+    assert tokens[:3] == [3, 4, 5] and parents[:3] == [0, 1, 1]  # best-first: 3, then 4 and 5
+    assert tree.draft(node, 4, 0.9, tree=False)[0] == []  # 3/4 < 0.9: nothing
+
+
+def _seq(i, tokens, **spec):
+    return Sequence(id=i, tokens=list(tokens), prompt_len=len(tokens), params=SamplingParams(),
+                    max_new_tokens=64, max_context=256, stop_token_ids=frozenset(),
+                    spec=SpecConfig(method="suffix", **spec))  # fmt: skip
+
+
+def test_global_tree_serves_later_requests_and_evicts_fifo():
+    prop = SuffixProposer(max_depth=16, max_cached_requests=2)
+    out = [7, 8, 9, 10, 11, 12, 13, 14]
+    a = _seq(0, [1, 2, 3])
+    prop.add([a])
+    a.tokens += out
+    prop.remove([a])  # finished: its output stays in the global tree
+    b = _seq(1, [5, 7, 8, 9])  # a new request whose text meets that output
+    prop.add([b])
+    tokens, _, _ = prop.speculate(b, 8)
+    assert tokens[:3] == [10, 11, 12]
+    prop.remove([b])
+    for i in (2, 3):
+        s = _seq(i, [40 + i])
+        prop.add([s])
+        prop.remove([s])
+    assert 0 not in prop.global_order and 0 not in prop.global_tree  # evicted, oldest first
+    c = _seq(4, [5, 7, 8, 9])
+    prop.add([c])
+    assert prop.speculate(c, 8)[0] == []
+
+
+def test_requests_of_other_methods_cost_the_suffix_proposer_nothing():
+    prop = SuffixProposer()
+    s = _seq(0, [1, 2, 3])
+    s = Sequence(**{**s.__dict__, "spec": SpecConfig(method="ngram")})
+    prop.add([s])
+    assert not prop.local and not prop.global_order
+
+
+def test_repeated_bench_report(tmp_path):
+    per = [{"id": f"r{i}", "tokens": 10, "seconds": 1.0, "mean_accepted_tokens": 1 + i / 10,
+            "acceptance_rate": 0.5} for i in range(8)]  # fmt: skip
+    paths = write_repeated({"suffix (global tree)": per, "ngram": per[::-1]},
+                           {"target": "t", "requests": 8, "k": 16, "threads": 1,
+                            "torch": "x"}, str(tmp_path))  # fmt: skip
+    md = open(paths["markdown"]).read()
+    assert "| suffix (global tree) | 1.05 | 1.65 |" in md
+    assert open(paths["plot"], "rb").read()[:4] == b"\x89PNG"
