@@ -15,9 +15,11 @@ def _counts(tree: SuffixTree) -> dict[tuple, int]:
     out = {}
 
     def walk(node, path):
-        for tok, child in node.children.items():
-            out[path + (tok,)] = child.count
-            walk(child, path + (tok,))
+        for child in node.children.values():
+            edge = tuple(child.token(o) for o in range(child.length))
+            for o in range(1, len(edge) + 1):  # every string along an edge has its count
+                out[path + edge[:o]] = child.count
+            walk(child, path + edge)
 
     walk(tree.root, ())
     return out
@@ -33,18 +35,23 @@ def _brute(seqs: list[list[int]], depth: int) -> dict[tuple, int]:
     return out
 
 
-def test_counts_match_brute_force_after_appends_and_removals():
-    rng = random.Random(0)
-    tree = SuffixTree(max_depth=5)
-    seqs = {i: [rng.randrange(4) for _ in range(rng.randrange(5, 40))] for i in range(6)}
+@pytest.mark.parametrize("seed,vocab,depth", [(0, 4, 5), (1, 2, 8), (2, 30, 6), (3, 3, 24)])
+def test_counts_match_brute_force_after_appends_and_removals(seed, vocab, depth):
+    rng = random.Random(seed)
+    tree = SuffixTree(max_depth=depth)
+    seqs = {i: [rng.randrange(vocab) for _ in range(rng.randrange(5, 60))] for i in range(6)}
+    seqs[6] = seqs[0][:20] * 3  # long repeats: shared edges split, tails grow
     for sid, toks in seqs.items():
         for a in range(0, len(toks), 7):  # appended in pieces, as a request grows
             tree.extend(sid, toks[a : a + 7])
-    assert _counts(tree) == _brute(list(seqs.values()), 5)
-    for sid in (1, 4):
+    assert _counts(tree) == _brute(list(seqs.values()), depth)
+    for sid in (1, 4, 6):
         tree.remove(sid)
         del seqs[sid]
-    assert _counts(tree) == _brute(list(seqs.values()), 5)
+    assert _counts(tree) == _brute(list(seqs.values()), depth)
+    tree.extend(9, seqs[0])  # a sequence again, after removals
+    seqs[9] = seqs[0]
+    assert _counts(tree) == _brute(list(seqs.values()), depth)
     assert tree.root.count == sum(len(s) for s in seqs.values())
 
 
@@ -52,6 +59,7 @@ def test_path_draft_follows_the_most_frequent_continuation():
     tree = SuffixTree(max_depth=8)
     tree.extend(0, [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 9, 1, 2])
     (m, node), *_ = [x for x in tree.match([1, 2]) if x[0] == 2]
+    assert m == 2
     tokens, parents, score = tree.draft(node, 4, 0.0, tree=False)
     # p(3 | 1 2) = 3/4 (the live suffix counts too), then 2/3, then a tie of 4 -> 1 and
     # 4 -> 9 (the more recent wins), then 1 for sure

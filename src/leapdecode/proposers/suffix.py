@@ -31,12 +31,20 @@ from .base import Drafts, Proposer
 
 
 class Node:
-    __slots__ = ("count", "children", "stamp")
+    """The end of an edge of `length` tokens, src[start : start + length]: src is the token
+    list of a sequence where the edge occurs (the list itself, so the tokens stay readable
+    after that sequence leaves the tree). Every string along an edge occurs `count` times."""
 
-    def __init__(self) -> None:
+    __slots__ = ("count", "children", "stamp", "src", "start", "length")
+
+    def __init__(self, src: list[int] | None = None, start: int = 0, length: int = 0) -> None:
         self.count = 0
         self.children: dict[int, Node] = {}
         self.stamp = 0  # when the count last grew: the most recent wins a tie
+        self.src, self.start, self.length = src, start, length
+
+    def token(self, offset: int) -> int:
+        return self.src[self.start + offset]
 
     def best_child(self) -> tuple[int, Node] | None:
         if not self.children:
@@ -45,104 +53,144 @@ class Node:
 
 
 class SuffixTree:
-    """Counts of every substring of up to `max_depth` tokens of the sequences it holds."""
+    """Counts of every substring of up to `max_depth` tokens of the sequences it holds, as a
+    trie whose single-occurrence tails are compressed into one edge: memory grows with the
+    tokens and the repeated substrings, not with tokens x depth."""
 
     def __init__(self, max_depth: int) -> None:
         self.max_depth = max_depth
         self.root = Node()
-        self.tokens: dict[int, list[int]] = {}  # sequence id -> its tokens
-        self.active: dict[int, deque[Node]] = {}  # sequence id -> suffixes still growing
+        self.tokens: dict = {}  # sequence id -> its tokens
+        self.active: dict = {}  # sequence id -> nodes where its growing suffixes end
         self.clock = itertools.count(1)
 
-    def __contains__(self, sid: int) -> bool:
+    def __contains__(self, sid) -> bool:
         return sid in self.tokens
 
-    def extend(self, sid: int, new: list[int]) -> None:
+    def extend(self, sid, new: list[int]) -> None:
         if sid not in self.tokens:
             self.tokens[sid], self.active[sid] = [], deque()
-        tokens, active, root = self.tokens[sid], self.active[sid], self.root
+        seq, active, root = self.tokens[sid], self.active[sid], self.root
         for tok in new:
+            j = len(seq)
+            seq.append(tok)
             active.append(root)  # a suffix starting at this token
             root.count += 1
             if len(active) > self.max_depth:
                 active.popleft()  # the oldest suffix is max_depth long: it stops growing
-            tokens.append(tok)
             stamp = next(self.clock)
             for i, node in enumerate(active):
-                child = node.children.get(tok)
-                if child is None:
-                    child = node.children[tok] = Node()
-                child.count += 1
-                child.stamp = stamp
-                active[i] = child
+                active[i] = self._step(node, seq, j, tok, stamp)
 
-    def remove(self, sid: int) -> None:
-        """Subtract every substring the sequence added (O(length x max_depth))."""
-        tokens = self.tokens.pop(sid, None)
+    def _step(self, node: Node, seq: list[int], j: int, tok: int, stamp: int) -> Node:
+        """A suffix ending at `node` grows by `tok` (seq[j]); returns where it ends now."""
+        child = node.children.get(tok)
+        if child is None:
+            if (node is not self.root and node.count == 1 and not node.children
+                    and node.src is seq and node.start + node.length == j):  # fmt: skip
+                node.length += 1  # this suffix's own tail: the edge runs on with the text
+                node.stamp = stamp
+                return node
+            child = node.children[tok] = Node(seq, j, 1)
+        elif child.length > 1:  # split: a 1-token edge that now occurs once more
+            head = Node(child.src, child.start, 1)
+            head.count = child.count
+            child.start += 1
+            child.length -= 1
+            head.children[child.token(0)] = child
+            node.children[tok] = child = head
+        child.count += 1
+        child.stamp = stamp
+        child.src, child.start = seq, j  # its latest occurrence
+        return child
+
+    def remove(self, sid) -> None:
+        """Subtract every substring the sequence added (O(length x max_depth) steps)."""
+        seq = self.tokens.pop(sid, None)
         self.active.pop(sid, None)
-        if tokens is None:
+        if seq is None:
             return
-        self.root.count -= len(tokens)
-        for start in range(len(tokens)):
-            node = self.root
-            for tok in tokens[start : start + self.max_depth]:
+        self.root.count -= len(seq)
+        for i in range(len(seq)):
+            end = min(self.max_depth, len(seq) - i)  # this suffix's length
+            node, depth = self.root, 0
+            while depth < end:  # occurrences end on node boundaries
+                tok = seq[i + depth]
                 child = node.children[tok]
                 child.count -= 1
                 if child.count == 0:
                     del node.children[tok]  # its whole subtree came from this sequence
                     break
+                depth += child.length
                 node = child
 
-    def match(self, context: list[int]):
-        """(m, node) for every match length m = 1, 2, .. of the context's suffix."""
-        longest = min(len(context), self.max_depth - 1)
-        for m in range(1, longest + 1):
-            node = self.root
-            for tok in context[len(context) - m :]:
+    def _walk(self, tokens: list[int]) -> tuple[Node, int] | None:
+        """Where `tokens` lead from the root: (node, tokens of its edge used), or None."""
+        node, used = self.root, 0
+        for tok in tokens:
+            if used < node.length:
+                if node.token(used) != tok:
+                    return None
+                used += 1
+            else:
                 node = node.children.get(tok)
                 if node is None:
-                    return  # a longer suffix cannot match either
-            yield m, node
+                    return None
+                used = 1
+        return node, used
 
-    def draft(self, node: Node, max_tokens: int, min_prob: float,
+    def match(self, context: list[int]):
+        """(m, (node, used)) for every match length m = 1, 2, .. of the context's suffix."""
+        longest = min(len(context), self.max_depth - 1)
+        for m in range(1, longest + 1):
+            at = self._walk(context[len(context) - m :])
+            if at is None:
+                return  # a longer suffix cannot match either
+            yield m, at
+
+    def draft(self, at: tuple[Node, int], max_tokens: int, min_prob: float,
               tree: bool) -> tuple[list[int], list[int], float]:  # fmt: skip
-        """(tokens, parents as input indices, score) grown from `node`."""
+        """(tokens, parents as input indices, score) grown from a match `at`."""
         tokens: list[int] = []
         parents: list[int] = []
         score = 0.0
+        node, used = at
         if not tree:
-            prob, parent = 1.0, 0
+            prob = 1.0
             while len(tokens) < max_tokens:
-                best = node.best_child()
-                if best is None or node.count <= 0:
-                    break
-                tok, child = best
-                prob *= child.count / node.count
-                if prob < min_prob:
-                    break
+                if used < node.length:  # along the edge the count does not change
+                    tok = node.token(used)
+                    used += 1
+                else:
+                    best = node.best_child()
+                    if best is None:
+                        break
+                    tok, child = best
+                    prob *= child.count / node.count
+                    if prob < min_prob:
+                        break
+                    node, used = child, 1
                 tokens.append(tok)
-                parents.append(parent)
-                parent = len(tokens)
+                parents.append(len(tokens) - 1)
                 score += prob
-                node = child
             return tokens, parents, score
         order = itertools.count()
-        # (-path probability, tie-break, node, its parent's input index, its token)
-        heap = [(-1.0, next(order), node, 0, -1)]
+        # (-path probability, tie-break, node, edge tokens used, its input index, its token)
+        heap = [(-1.0, next(order), node, used, 0, -1)]
         while heap and len(tokens) < max_tokens:
-            neg, _, at, parent, tok = heapq.heappop(heap)
-            index = 0
-            if tok >= 0:  # the matched node itself is the root, already in the text
+            neg, _, node, used, index, tok = heapq.heappop(heap)
+            if tok >= 0:  # the match itself is already in the text
                 tokens.append(tok)
-                parents.append(parent)
+                parents.append(index)
                 score += -neg
                 index = len(tokens)
-            if at.count <= 0:
+            if used < node.length:
+                heapq.heappush(heap, (neg, next(order), node, used + 1, index, node.token(used)))
                 continue
-            for child_tok, child in at.children.items():
-                p = -neg * child.count / at.count
+            for child_tok, child in node.children.items():
+                p = -neg * child.count / node.count
                 if p >= min_prob:
-                    heapq.heappush(heap, (-p, next(order), child, index, child_tok))
+                    heapq.heappush(heap, (-p, next(order), child, 1, index, child_tok))
         return tokens, parents, score
 
 
