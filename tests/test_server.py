@@ -287,7 +287,7 @@ def test_bench_serve_smoke(tmp_path, target_dir, draft_dir):
     assert code == 0
     data = json.loads((out / "results.json").read_text())
     labels = {c["config"] for c in data["cells"]}
-    assert {"none", "auto", "draft k=2", "ngram k=4"} <= labels
+    assert {"none", "auto", "draft k=2", "ngram k=4", "suffix k=16", "lookahead W3 N3 G3"} <= labels
     assert all(c["errors"] == 0 and c["throughput"] > 0 for c in data["cells"])
     assert (out / "throughput.png").exists() and "auto" in (out / "results.md").read_text()
 

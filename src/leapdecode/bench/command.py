@@ -257,6 +257,8 @@ def cmd_serve(args) -> int:
 
     args.concurrency = _ks(args.concurrency, "--concurrency")
     args.draft_k, args.ngram_k = _ks(args.draft_k, "--draft-k"), _ks(args.ngram_k, "--ngram-k")
+    args.suffix_k = _ks(args.suffix_k, "--suffix-k") if args.suffix_k else []
+    args.lookahead = _wngs(args.lookahead) if args.lookahead else []
     for flag in ("rounds", "requests_per_client", "requests_min"):
         if getattr(args, flag) < 1:
             raise LeapDecodeError(f"--{flag.replace('_', '-')} must be >= 1")

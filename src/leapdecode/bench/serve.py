@@ -38,13 +38,21 @@ class Config:
     speculation: dict
 
 
-def configs(has_draft: bool, draft_ks: list[int], ngram_ks: list[int]) -> list[Config]:
+def configs(has_draft: bool, draft_ks: list[int], ngram_ks: list[int], suffix_ks=(),
+            lookaheads=()) -> list[Config]:  # fmt: skip
     out = [Config("none", {"method": "none"})]
     if has_draft:
         out += [Config(f"draft k={k}", {"method": "draft", "num_speculative_tokens": k})
                 for k in draft_ks]  # fmt: skip
     out += [Config(f"ngram k={k}", {"method": "ngram", "num_speculative_tokens": k})
             for k in ngram_ks]  # fmt: skip
+    out += [Config(f"suffix k={k}", {"method": "suffix", "num_speculative_tokens": k})
+            for k in suffix_ks]  # fmt: skip
+    for w, n, g in lookaheads:
+        out.append(Config(f"lookahead W{w} N{n} G{g}", {
+            "method": "lookahead", "lookahead_window": w, "lookahead_ngram_size": n,
+            "lookahead_max_candidates": g, "num_speculative_tokens": (w - 1) + (n - 2) * w + g * (n - 1),
+        }))  # fmt: skip
     method = "draft" if has_draft else "ngram"
     out.append(Config(f"{method} static table", {"method": method, "num_speculative_tokens": 4,
                                                  "num_speculative_tokens_per_batch_size": STATIC_TABLE}))  # fmt: skip
@@ -189,7 +197,7 @@ def cmd_serve_bench(args) -> int:
         info = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]
         model = info["id"]
         has_draft = not args.no_draft
-        cfgs = configs(has_draft, args.draft_k, args.ngram_k)
+        cfgs = configs(has_draft, args.draft_k, args.ngram_k, args.suffix_k, args.lookahead)
         if args.configs:
             keep = set(args.configs.split(","))
             cfgs = [c for c in cfgs if c.label.split(" ")[0] in keep or c.label in keep]
@@ -354,7 +362,10 @@ def add_parser(what, model_args, prompts_dir: str) -> None:
     sv.add_argument("--concurrency", default="1,2,4,8,16")
     sv.add_argument("--draft-k", default="2,4")
     sv.add_argument("--ngram-k", default="4,8")
-    sv.add_argument("--configs", default=None, help="only these (none,draft,ngram,auto,...)")
+    sv.add_argument("--suffix-k", default="16")
+    sv.add_argument("--lookahead", default="3x3x3", metavar="WxNxG,...")
+    sv.add_argument("--configs", default=None,
+                    help="only these (none,draft,ngram,suffix,lookahead,auto,...)")  # fmt: skip
     sv.add_argument("--rounds", type=int, default=2)
     sv.add_argument("--requests-per-client", type=int, default=2)
     sv.add_argument("--requests-min", type=int, default=6)
