@@ -115,3 +115,23 @@ def test_repeated_bench_report(tmp_path):
     md = open(paths["markdown"]).read()
     assert "| suffix (global tree) | 1.05 | 1.65 |" in md
     assert open(paths["plot"], "rb").read()[:4] == b"\x89PNG"
+
+
+def test_running_requests_are_never_evicted_from_the_global_tree():
+    prop = SuffixProposer(max_depth=8, max_cached_requests=1)
+    a, b = _seq(0, [1, 2, 3]), _seq(1, [4, 5, 6])
+    prop.add([a, b])  # both running: the cache holds both for now
+    assert list(prop.global_order) == [0, 1]
+    prop.remove([a])
+    c = _seq(2, [7, 8])
+    prop.add([c])  # a has finished: it goes; b still runs and stays
+    assert list(prop.global_order) == [1, 2]
+
+
+def test_lookahead_steps_have_the_size_of_their_window_and_candidates():
+    from leapdecode.errors import LeapDecodeError
+
+    spec = SpecConfig(method="lookahead")  # W = N = G = 3
+    assert spec.k == spec.k_at(8) == 2 + 3 + 6
+    with pytest.raises(LeapDecodeError, match="more than 64"):
+        SpecConfig(method="lookahead", lookahead_window=16, lookahead_ngram_size=6)

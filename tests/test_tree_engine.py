@@ -88,26 +88,49 @@ def test_oracle_trees_are_lossless_and_take_other_branches(tree_decoder, prompts
     assert accepted / steps > 1.0, "the oracle's path should be accepted most of the time"
 
 
-def test_tree_forward_and_compaction_equal_a_fresh_prefill(target_dir):
-    dec = LeapDecoder.from_pretrained(target_dir, max_num_seqs=2)
+@pytest.fixture(scope="module")
+def sliding_dir(tmp_path_factory):
+    """A Mistral with a 2-token sliding window: shorter than the tree below is deep."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(5)
+    path = str(tmp_path_factory.mktemp("sliding"))
+    cfg = MistralConfig(vocab_size=384, hidden_size=64, intermediate_size=128,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=256, sliding_window=2)  # fmt: skip
+    MistralForCausalLM(cfg).eval().save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("which", ["llama", "sliding window"])
+def test_tree_forward_and_compaction_equal_a_fresh_prefill(target_dir, sliding_dir, which):
+    dec = LeapDecoder.from_pretrained(target_dir if which == "llama" else sliding_dir,
+                                      max_num_seqs=2)  # fmt: skip
     model = dec.target
     model.allocate(2, 128)
     prompt = [5, 17, 99, 3, 250, 41, 7]
     slots = torch.tensor([0, 1])
     model.forward(torch.tensor([prompt[:-1], prompt[:-1]]), slots)
-    # slot 0: tree root -> a -> b, root -> c -> d; slot 1 the same nodes as a chain c, d
-    a, b, c, d, e = 11, 12, 13, 14, 15
-    drafts = torch.tensor([[a, b, c, d], [c, d, 0, 0]])
-    parents = torch.tensor([[0, 1, 0, 3], [0, 1, 0, 0]])
-    counts = torch.tensor([4, 2])
+    # slot 0: tree root -> a -> b, root -> c -> d -> e; slot 1 the same c, d, e as a chain
+    a, b, c, d, e, f = 11, 12, 13, 14, 15, 16
+    drafts = torch.tensor([[a, b, c, d, e], [c, d, e, 0, 0]])
+    parents = torch.tensor([[0, 1, 0, 3, 4], [0, 1, 2, 0, 0]])
+    counts = torch.tensor([5, 3])
     mask = ancestor_mask(parents, counts)
     inputs = torch.cat([torch.tensor([[prompt[-1]]] * 2), drafts], dim=1)
     tree_logits = model.forward(inputs, slots, tree_mask=mask, position_offsets=depths(mask))
-    # the branch c, d scored in the tree equals the chain c, d
-    torch.testing.assert_close(tree_logits[0, [0, 3, 4]], tree_logits[1, [0, 1, 2]])
-    base = torch.tensor([len(prompt) - 1] * 2)
-    model.keep(slots, base, torch.tensor([[0, 3, 4], [0, 1, 2]]), torch.tensor([3, 3]))
-    after = model.forward(torch.tensor([[e], [e]]), slots)[:, -1]
+    # the branch c, d, e scored in the tree equals the chain, and a fresh prefill (e sits 3
+    # positions past the root: with a 2-token window it must not see c)
+    torch.testing.assert_close(tree_logits[0, [0, 3, 4, 5]], tree_logits[1, [0, 1, 2, 3]])
     model.truncate(slots, torch.zeros(2, dtype=torch.long))
-    fresh = model.forward(torch.tensor([prompt + [c, d, e]] * 2), slots)[:, -1]
+    fresh_cde = model.forward(torch.tensor([prompt + [c, d, e]] * 2), slots)[0, -4:]
+    torch.testing.assert_close(tree_logits[0, [0, 3, 4, 5]], fresh_cde, rtol=1e-5, atol=1e-5)
+    model.truncate(slots, torch.zeros(2, dtype=torch.long))
+    model.forward(torch.tensor([prompt[:-1], prompt[:-1]]), slots)
+    model.forward(inputs, slots, tree_mask=mask, position_offsets=depths(mask))
+    base = torch.tensor([len(prompt) - 1] * 2)
+    model.keep(slots, base, torch.tensor([[0, 3, 4, 5], [0, 1, 2, 3]]), torch.tensor([4, 4]))
+    after = model.forward(torch.tensor([[f], [f]]), slots)[:, -1]
+    model.truncate(slots, torch.zeros(2, dtype=torch.long))
+    fresh = model.forward(torch.tensor([prompt + [c, d, e, f]] * 2), slots)[:, -1]
     torch.testing.assert_close(after, fresh, rtol=1e-5, atol=1e-5)

@@ -101,6 +101,11 @@ class SpecConfig:
                 f"lookahead needs window 1..32, n-gram size 3..16 and candidates 0..32 "
                 f"(got W={w!r}, N={n!r}, G={g!r})"
             )
+        if self.lookahead_nodes > MAX_K:
+            raise LeapDecodeError(
+                f"lookahead W={w}, N={n}, G={g} makes a tree of {self.lookahead_nodes} nodes "
+                f"per step, more than {MAX_K}: lower W, N or G"
+            )
         m = self.draft_min_prob
         if not isinstance(m, int | float) or isinstance(m, bool) or not 0 <= m < 1:
             raise LeapDecodeError(f"draft_min_prob must be in [0, 1), got {m!r}")
@@ -118,14 +123,22 @@ class SpecConfig:
         object.__setattr__(self, "num_speculative_tokens_per_batch_size", table)
 
     @property
+    def lookahead_nodes(self) -> int:
+        """Draft nodes of a lookahead step: the window's (W-1) + (N-2) W and G n-grams."""
+        w, n, g = self.lookahead_window, self.lookahead_ngram_size, self.lookahead_max_candidates
+        return (w - 1) + (n - 2) * w + g * (n - 1)
+
+    @property
     def k(self) -> int:
-        """Draft tokens per step; `none` always drafts 0."""
+        """Draft tokens per step; `none` always drafts 0; lookahead's tree has its own size."""
+        if self.method == "lookahead":
+            return self.lookahead_nodes
         return 0 if self.method == "none" else self.num_speculative_tokens
 
     def k_at(self, batch: int) -> int:
         """Draft tokens per step in a batch of `batch` running sequences."""
-        if self.method == "none":
-            return 0
+        if self.method in ("none", "lookahead"):
+            return self.k
         k = self.num_speculative_tokens
         for size, table_k in self.num_speculative_tokens_per_batch_size:
             if size <= batch:

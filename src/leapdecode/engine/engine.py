@@ -207,12 +207,15 @@ class Engine:
         last = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.long)  # [B, 1]
         inputs = torch.cat([last, drafts.tokens], dim=1)  # [B, k+1]
         cached = self.target.lengths(slots)  # [B]
+        spans = drafts.counts.tolist()  # the longest run a row can accept
         if drafts.parents is None:
             logits = self.target.forward(inputs, slots)  # [B, k+1, V]
         else:
             mask = ancestor_mask(drafts.parents, drafts.counts)  # [B, k+1, k+1]
-            logits = self.target.forward(inputs, slots, tree_mask=mask,
-                                         position_offsets=depths(mask))  # fmt: skip
+            depth = depths(mask)  # [B, k+1]
+            logits = self.target.forward(inputs, slots, tree_mask=mask, position_offsets=depth)
+            spans = depth.max(1).values.tolist()  # padding sits at depth 1, under the root
+            spans = [min(d, c) for d, c in zip(spans, drafts.counts.tolist(), strict=True)]
         t2 = time.perf_counter()
         paths, n_accepted, next_tokens = self._verify(seqs, logits, drafts)
         if drafts.parents is None:
@@ -238,7 +241,7 @@ class Engine:
             new = inputs[i, paths[i, : n_accepted[i]]].tolist() + [next_tokens[i]]
             added.append((s, s.append(new)))
         t3 = time.perf_counter()
-        self.scheduler.observe(seqs, plan, counts, n_accepted, t1 - t0, t2 - t1)
+        self.scheduler.observe(seqs, plan, counts, n_accepted, t1 - t0, t2 - t1, spans)
         for s in seqs:
             s.stats.propose_s += t1 - t0
             s.stats.verify_s += t2 - t1

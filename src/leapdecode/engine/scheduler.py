@@ -71,14 +71,18 @@ class Scheduler:
             self.estimates[key] = _Estimate(self.global_rate[method])
         return self.estimates[key]
 
-    def observe(self, seqs, plan, counts, n_accepted, propose_s: float, verify_s: float) -> None:
+    def observe(self, seqs, plan, counts, n_accepted, propose_s: float, verify_s: float,
+                spans=None) -> None:  # fmt: skip
+        """counts: draft tokens (tree nodes) verified per row; spans: the longest run each row
+        could accept (a tree's depth; a chain's length, the default)."""
+        spans = counts if spans is None else spans
         rows = len(seqs) + sum(counts)
         draft_rows = [i for i, (m, _) in enumerate(plan) if m == "draft" and counts[i]]
         for i, (method, _) in enumerate(plan):
-            if counts[i] and method in PRIOR:
-                self._estimate(seqs[i], method).update(counts[i], n_accepted[i])
+            if spans[i] and method in PRIOR:
+                self._estimate(seqs[i], method).update(spans[i], n_accepted[i])
                 g = self.global_rate[method]
-                self.global_rate[method] = g + 0.02 * (n_accepted[i] / counts[i] - g)
+                self.global_rate[method] = g + 0.02 * (n_accepted[i] / spans[i] - g)
             self.k_counts[counts[i]] = self.k_counts.get(counts[i], 0) + 1
         if self.cost is not None:
             steps = max((counts[i] for i in draft_rows), default=0)

@@ -247,14 +247,18 @@ class NativeLlama(CausalLM):
                 continue
             limit = start[:, None] + torch.arange(n_new)  # [B, T] cache index of each query
             allowed = key[None, None, :] <= limit[:, :, None]  # [B, T, S] causal
+            key_pos = key[None, None, :]  # [1, 1, S] the position of each key
             if tree_mask is not None:
                 # the cached prefix, then the new tokens as the tree says (batched)
                 rel = key[None, None, :] - start[:, None, None]  # [B, 1, S] index among new
                 inside = (rel >= 0) & (rel < n_new)
                 tree = tree_mask.cpu().gather(2, rel.clamp(0, n_new - 1).expand(-1, n_new, -1))
                 allowed = (rel < 0) | (inside & tree)  # [B, T, S]
+                # a tree node sits at start + depth, not at its cache index
+                node_pos = query_pos.cpu().gather(1, rel[:, 0].clamp(0, n_new - 1))[:, None]
+                key_pos = torch.where(inside, node_pos, key_pos)  # [B, 1, S]
             if window is not None:
-                allowed &= key[None, None, :] > (query_pos[:, :, None] - window)
+                allowed &= key_pos > (query_pos.cpu()[:, :, None] - window)
             masks[window] = allowed[:, None].to(self.device)
         return masks
 

@@ -30,6 +30,7 @@ import torch
 
 from ..sequence import Sequence
 from .base import Drafts, Proposer
+from .ngram import build_trie
 
 
 class _State:
@@ -85,7 +86,8 @@ class LookaheadProposer(Proposer):
         tokens: list[int] = []
         parents: list[int] = []
         window = (st.w - 1) + (st.n - 2) * st.w
-        if window <= budget:  # the lookahead branch, level by level
+        if window <= budget:  # the lookahead branch, level by level (not near a request's
+            # end, where fewer tokens may still come than the window holds)
             below = [0]  # input index of level l's cells, column 0 first (x for level 0)
             for i, tok in enumerate(st.levels[0]):
                 tokens.append(tok)
@@ -100,14 +102,11 @@ class LookaheadProposer(Proposer):
                 below = row
             st.last_level = below
         x = seq.tokens[-1]
-        for gram in reversed(st.pool.get(x, {})):  # most recent first
-            if len(tokens) + len(gram) > budget:
-                break
-            parent = 0
-            for tok in gram:
-                tokens.append(tok)
-                parents.append(parent)
-                parent = len(tokens)
+        grams = [list(g) for g in reversed(st.pool.get(x, {}))]  # most recent first
+        extra, extra_parents = build_trie(grams, budget - len(tokens))  # shared prefixes once
+        base = len(tokens)
+        tokens += extra
+        parents += [0 if q == 0 else q + base for q in extra_parents]
         return tokens, parents
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Drafts:

@@ -254,10 +254,14 @@ class SuffixProposer(Proposer):
         return Drafts.from_trees([self.speculate(s, k)[:2] for s, k in zip(seqs, ks, strict=True)])
 
     def _cache(self, sid) -> None:
+        """Enter a request into the global tree's FIFO; evict the oldest finished ones."""
         self.global_order[sid] = None
         while len(self.global_order) > self.max_cached:
-            old, _ = self.global_order.popitem(last=False)
-            self.global_tree.remove(old)
+            victim = next((x for x in self.global_order if x not in self.local), None)
+            if victim is None:
+                break  # every cached request is still running
+            del self.global_order[victim]
+            self.global_tree.remove(victim)
 
     def cache_output(self, tokens: list[int]) -> None:
         """Add a finished request's output to the global tree (benchmarks replay a server's
@@ -268,7 +272,8 @@ class SuffixProposer(Proposer):
             self.global_tree.extend(sid, list(tokens))
 
     def drop_last(self) -> None:
-        """Take the most recently started request's output out of the global tree."""
+        """Take the most recently started request's output out of the global tree (the
+        sequential benchmark uses it; with concurrent requests "last" is ambiguous)."""
         if self.global_order:
             sid, _ = self.global_order.popitem(last=True)
             self.global_tree.remove(sid)

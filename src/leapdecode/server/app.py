@@ -65,7 +65,7 @@ class ClientWatch:
             wait = max(self.next_check - time.monotonic(), 0.01)
             try:
                 ev = await asyncio.wait_for(self.events.get(), timeout=wait)
-            except TimeoutError:
+            except (TimeoutError, asyncio.TimeoutError):  # the same class from Python 3.11 on
                 ev = None
             if time.monotonic() >= self.next_check:
                 if await self.request.is_disconnected():

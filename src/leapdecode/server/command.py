@@ -56,6 +56,7 @@ def cmd_serve(args) -> int:
                                       draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab,
                                       max_num_seqs=args.max_num_seqs, threads=args.threads,
                                       **engine_options(args))  # fmt: skip
+    dec.engine.check(spec)  # a default the engine cannot run fails now, not per request
     name = args.served_model_name or os.path.basename(os.path.abspath(target))
     app = create_app(dec, spec, name, args.max_queue, args.api_key)
     if spec.method == "auto":
