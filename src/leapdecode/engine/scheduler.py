@@ -115,7 +115,11 @@ class Scheduler:
         avail = len(suffix.speculate(seq, min(MAX_K, 2 * k, limit))[0])
         if avail:
             opts.append(("suffix", avail, self._estimate(seq, "suffix").rate))
-        if "draft" in self.engine.proposers and min(k, limit) > 0:
+        # A seeded sampled request keeps to deterministic drafts: verified by the target's own
+        # per-position sample (verify.py), it then emits what plain sampling with its seed
+        # emits, whatever auto chose step by step. Draft-model steps would change the tokens.
+        seeded = seq.params.seed is not None and not seq.params.greedy
+        if "draft" in self.engine.proposers and min(k, limit) > 0 and not seeded:
             opts.append(("draft", min(k, limit), self._estimate(seq, "draft").rate))
         return opts
 
