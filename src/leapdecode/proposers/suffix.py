@@ -207,6 +207,7 @@ class SuffixProposer(Proposer):
         self.synced: dict[int, int] = {}  # sequence id -> tokens already in its tries
         self.global_tree = SuffixTree(max_depth)
         self.global_order: OrderedDict = OrderedDict()  # FIFO of cached requests' ids
+        self.memo: dict = {}  # sequence id -> (its length, k, draft) of its last speculation
         self.clock = itertools.count()
 
     def add(self, seqs: list[Sequence]) -> None:
@@ -232,9 +233,20 @@ class SuffixProposer(Proposer):
             self.synced[seq.id] = len(seq.tokens)
 
     def speculate(self, seq: Sequence, k: int) -> tuple[list[int], list[int], float]:
-        """The best draft for `seq` now: (tokens, parents, score)."""
+        """The best draft for `seq` now: (tokens, parents, score). Within one step a second
+        call (auto sizes its options, then proposes) takes the first one's draft, cut to k:
+        the first k nodes of a path or of a best-first tree are themselves a draft."""
         if k <= 0:
             return [], [], 0.0
+        memo = self.memo.get(seq.id)
+        if memo is not None and memo[0] == len(seq.tokens) and memo[1] >= k:
+            tokens, parents, score = memo[2]
+            return tokens[:k], parents[:k], score
+        best = self._speculate(seq, k)
+        self.memo[seq.id] = (len(seq.tokens), k, best)
+        return best
+
+    def _speculate(self, seq: Sequence, k: int) -> tuple[list[int], list[int], float]:
         self._sync(seq)
         spec = seq.spec
         context = seq.tokens[-self.max_depth :]
@@ -284,3 +296,4 @@ class SuffixProposer(Proposer):
                 self._sync(seq)  # its last tokens count for later requests too
             self.local.pop(seq.id, None)
             self.synced.pop(seq.id, None)
+            self.memo.pop(seq.id, None)
