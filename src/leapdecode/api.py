@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import random
@@ -12,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import MAX_K, METHODS, SamplingParams, SpecConfig
+from .config import MAX_K, METHODS, SamplingParams, SpecConfig, spec_field_names
 from .engine import Engine
 from .errors import LeapDecodeError
 from .metrics import RequestStats
@@ -227,7 +226,7 @@ class LeapDecoder:
         spec_options: any other SpecConfig field (use_tree_spec, suffix_decoding_*,
         lookahead_*)."""
         if spec is None:
-            fields = {f.name for f in dataclasses.fields(SpecConfig)}
+            fields = spec_field_names()
             unknown = sorted(set(spec_options) - fields)
             if unknown:
                 raise LeapDecodeError(

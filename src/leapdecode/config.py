@@ -8,7 +8,7 @@ Names follow vLLM's where it has one (`num_speculative_tokens`, `prompt_lookup_m
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from .errors import LeapDecodeError
 
@@ -156,6 +156,11 @@ class SpecConfig:
         if k_table is not None:
             changes["num_speculative_tokens_per_batch_size"] = k_table
         return replace(self, **changes) if changes else self
+
+
+def spec_field_names() -> set[str]:
+    """Every SpecConfig field name (options the API and the server pass through)."""
+    return {f.name for f in fields(SpecConfig)}
 
 
 def parse_k_table(text: str) -> tuple[tuple[int, int], ...]:

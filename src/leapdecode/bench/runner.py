@@ -15,6 +15,7 @@ import torch
 from tqdm import tqdm
 
 from ..api import LeapDecoder
+from ..config import SpecConfig
 
 # leapdecode method -> its Hugging Face transformers counterpart
 COUNTERPART = {"none": "hf-generate", "draft": "hf-assisted", "ngram": "hf-lookup"}
@@ -58,9 +59,8 @@ class Method:
 
 def lookahead(w: int, n: int, g: int) -> Method:
     """Lookahead with window W, n-gram size N and G candidates: k = its tree's nodes."""
-    k = (w - 1) + (n - 2) * w + g * (n - 1)
     opts = (("lookahead_window", w), ("lookahead_ngram_size", n), ("lookahead_max_candidates", g))
-    return Method("lookahead", k, opts)
+    return Method("lookahead", SpecConfig(method="lookahead", **dict(opts)).k, opts)
 
 
 @dataclass

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from ..config import SpecConfig
 from ..errors import LeapDecodeError
 
 # A static batch-size -> k table after SGLang's adaptive candidates (bs 1 -> {1,3,5,7},
@@ -49,10 +50,10 @@ def configs(has_draft: bool, draft_ks: list[int], ngram_ks: list[int], suffix_ks
     out += [Config(f"suffix k={k}", {"method": "suffix", "num_speculative_tokens": k})
             for k in suffix_ks]  # fmt: skip
     for w, n, g in lookaheads:
-        out.append(Config(f"lookahead W{w} N{n} G{g}", {
-            "method": "lookahead", "lookahead_window": w, "lookahead_ngram_size": n,
-            "lookahead_max_candidates": g, "num_speculative_tokens": (w - 1) + (n - 2) * w + g * (n - 1),
-        }))  # fmt: skip
+        spec = {"method": "lookahead", "lookahead_window": w, "lookahead_ngram_size": n,
+                "lookahead_max_candidates": g}  # fmt: skip
+        spec["num_speculative_tokens"] = SpecConfig(**spec).k  # the tree's size
+        out.append(Config(f"lookahead W{w} N{n} G{g}", spec))
     method = "draft" if has_draft else "ngram"
     out.append(Config(f"{method} static table", {"method": method, "num_speculative_tokens": 4,
                                                  "num_speculative_tokens_per_batch_size": STATIC_TABLE}))  # fmt: skip

@@ -8,12 +8,11 @@ unknown model) with an OpenAI-style body naming the field:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from dataclasses import dataclass
 
-from ..config import MAX_K, METHODS, SpecConfig, parse_k_table
+from ..config import MAX_K, METHODS, parse_k_table, spec_field_names
 from ..errors import LeapDecodeError
 
 
@@ -144,10 +143,9 @@ def _common(body: dict, prompt) -> GenerationRequest:
             except (LeapDecodeError, TypeError, ValueError) as e:
                 raise bad(f"'num_speculative_tokens_per_batch_size' must map batch sizes to k: {e}",
                           "speculation.num_speculative_tokens_per_batch_size") from None  # fmt: skip
-        fields = {f.name for f in dataclasses.fields(SpecConfig)} - {
-            "method", "num_speculative_tokens", "num_speculative_tokens_per_batch_size"}  # fmt: skip
-        unknown = sorted(set(spec) - fields - {"method", "num_speculative_tokens",
-                                               "num_speculative_tokens_per_batch_size"})  # fmt: skip
+        core = {"method", "num_speculative_tokens", "num_speculative_tokens_per_batch_size"}
+        fields = spec_field_names() - core
+        unknown = sorted(set(spec) - fields - core)
         if unknown:
             raise bad(f"unknown speculation field {unknown[0]!r}: use method, "
                       "num_speculative_tokens, num_speculative_tokens_per_batch_size or "
