@@ -118,3 +118,33 @@ def greedy_reference(hf_target, prompts, max_new: int) -> list[list[int]]:
             )  # fmt: skip
         refs.append(out[0, len(p) :].tolist())
     return refs
+
+
+def train_heads(target_dir: str, root: str, steps: int = 60, tokens: str | None = None,
+                lr: float | None = None) -> tuple[str, str]:  # fmt: skip
+    """Medusa heads and an EAGLE head for `target_dir`, trained with the CLI users run
+    (`leapdecode train medusa | eagle`) for a few steps on a few stdlib files (or on the
+    token stream `tokens`, .npy)."""
+    from leapdecode.cli import main
+
+    corpus = os.path.join(root, "corpus")
+    os.makedirs(corpus, exist_ok=True)
+    for i, text in enumerate(stdlib_text()):
+        with open(os.path.join(corpus, f"f{i}.py"), "w", encoding="utf-8") as f:
+            f.write(text)
+    outs = []
+    for kind, extra in (("medusa", ["--heads", "3"]),
+                        ("eagle", ["--draft-vocab", "256", "--ttt-steps", "3"])):  # fmt: skip
+        out = os.path.join(root, kind)
+        argv = ["train", kind, "--target", target_dir, "--out", out, "--run-dir", out + "-run",
+                "--data", corpus, "--val-percent", "20", "--steps", str(steps), "--batch", "4",
+                "--context", "64", "--eval-prompts", "0", "--threads", "1", *extra]  # fmt: skip
+        argv += ["--tokens", tokens] if tokens else []
+        argv += ["--lr", str(lr)] if lr else []
+        threads = torch.get_num_threads()
+        try:
+            assert main(argv) == 0
+        finally:
+            torch.set_num_threads(threads)
+        outs.append(out)
+    return outs[0], outs[1]

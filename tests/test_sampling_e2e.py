@@ -1,4 +1,4 @@
-"""End to end: with sampling, `draft` and `ngram` emit the target's own distribution.
+"""End to end: with sampling, every method emits the target's own distribution.
 
 The exact joint distribution of the first two sampled tokens is computed from the target
 with `transformers` (temperature 1.5, top-k 3: at most 9 outcomes), summing the
@@ -9,6 +9,7 @@ test must give a p-value above 1e-4. Seeds are fixed, so the test is determinist
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -34,7 +35,19 @@ def models(tmp_path_factory, tok_dir):
     target.save_pretrained(path)
     draft_path = str(tmp_path_factory.mktemp("bigram_draft"))
     helpers.make_noisy_copy(target, draft_path, noise=0.5, seed=4, tokenizer_dir=tok_dir)
-    return target, LeapDecoder.from_pretrained(path, draft=draft_path)
+    # heads learn from the target's own samples (self-distillation data, as Medusa-2)
+    root = tmp_path_factory.mktemp("bigram_heads")
+    plain = LeapDecoder.from_pretrained(path, speculators=[])
+    starts = [
+        [int(t)]
+        for t in torch.randint(1, helpers.VOCAB, (96,), generator=torch.Generator().manual_seed(6))
+    ]
+    outs = plain.generate_batch(starts, max_new_tokens=64, seed=0, **PARAMS)
+    stream = np.array([t for s, o in zip(starts, outs, strict=True) for t in s + o.token_ids])
+    np.save(root / "stream.npy", stream)
+    heads = helpers.train_heads(path, str(root), steps=150, tokens=str(root / "stream.npy"),
+                                lr=0.01)  # fmt: skip
+    return target, LeapDecoder.from_pretrained(path, draft=draft_path, speculators=list(heads))
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +131,9 @@ def test_exact_distribution_is_spread(exact):
         ("suffix", {}),
         ("suffix", {"use_tree_spec": True, "suffix_decoding_min_token_prob": 0.0}),
         ("lookahead", {}),
+        ("medusa", {}),
+        ("eagle", {}),
+        ("eagle", {"speculative_num_steps": 2, "speculative_eagle_topk": 3}),
     ],  # fmt: skip
 )
 def test_first_two_tokens_follow_the_target(decoder, prompt, exact, method, kw):
@@ -144,7 +160,8 @@ def test_all_outcomes_reachable(exact):
 
 @pytest.mark.parametrize("method,kw", [("ngram", {"ngram_min": 1}),
                                        ("ngram", {"ngram_min": 1, "use_tree_spec": True}),
-                                       ("suffix", {}), ("lookahead", {})])  # fmt: skip
+                                       ("suffix", {}), ("lookahead", {}), ("medusa", {}),
+                                       ("eagle", {})])  # fmt: skip
 def test_seeded_draftless_methods_emit_what_plain_sampling_emits(decoder, prompt, method, kw):
     """Deterministic drafts are verified by the target's own per-position sample, so a seeded
     request gives the same tokens with or without them (verify.py)."""

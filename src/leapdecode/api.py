@@ -16,6 +16,7 @@ from .engine import Engine
 from .errors import LeapDecodeError
 from .metrics import RequestStats
 from .models import CausalLM, load_model
+from .models.heads import beside, load_heads
 from .proposers.draft_model import read_vocab_ranking
 from .sequence import Sequence
 from .threads import set_threads
@@ -85,8 +86,10 @@ class LeapDecoder:
         max_num_seqs: int = 16,
         suffix_decoding_max_tree_depth: int = 24,
         suffix_decoding_max_cached_requests: int = 10_000,
+        speculators: dict | None = None,
     ):
         self.target = target
+        self.speculators = dict(speculators or {})  # {"medusa": heads, "eagle": head}
         self.draft = draft
         self.draft_vocab_ranking = draft_vocab_ranking  # see proposers/draft_model.py
         self.tokenizer = tokenizer
@@ -100,6 +103,8 @@ class LeapDecoder:
         self._engine_options = dict(
             suffix_decoding_max_tree_depth=suffix_decoding_max_tree_depth,
             suffix_decoding_max_cached_requests=suffix_decoding_max_cached_requests,
+            medusa=self.speculators.get("medusa"),
+            eagle=self.speculators.get("eagle"),
         )
         self.engine  # noqa: B018 - build it now: its settings are checked here
         self._ids = itertools.count()
@@ -118,6 +123,7 @@ class LeapDecoder:
         threads: int | None = None,
         suffix_decoding_max_tree_depth: int = 24,
         suffix_decoding_max_cached_requests: int = 10_000,
+        speculators: str | list[str] | None = None,
     ) -> LeapDecoder:
         """dtype: float32 | bfloat16 | float16 | auto (the checkpoint's own);
         draft_dtype: the draft's, when it differs (default: the same as dtype);
@@ -127,7 +133,10 @@ class LeapDecoder:
         threads: CPU threads for torch (default: see leapdecode.threads);
         suffix_decoding_max_tree_depth / _max_cached_requests: the suffix method's tries
         (vLLM's names and defaults): longest substring counted, and how many finished
-        requests' outputs the global trie keeps (FIFO; 0: none)."""
+        requests' outputs the global trie keeps (FIFO; 0: none);
+        speculators: folders of Medusa / EAGLE heads trained on this target (default: those
+        beside it, `<target>-medusa` and `<target>-eagle`, when the backend can run them;
+        []: none)."""
         set_threads(threads)
         target_model = load_model(target, backend, device, dtype, what="target")
         tokenizer = _load_tokenizer(target)
@@ -136,9 +145,14 @@ class LeapDecoder:
             draft_model = load_model(draft, backend, device, draft_dtype or dtype, what="draft")
             _check_same_vocab(target, tokenizer, draft)
         ranking = read_vocab_ranking(draft)
+        if speculators is None:  # found beside the target: used where they can run
+            paths = beside(target) if target_model.name == "native" else []
+        else:
+            paths = [speculators] if isinstance(speculators, str) else list(speculators)
+        heads = load_heads(paths, target_model)
         return cls(target_model, tokenizer, _eos_ids(target, target_model.config), draft_model,
                    ranking, draft_vocab, max_num_seqs, suffix_decoding_max_tree_depth,
-                   suffix_decoding_max_cached_requests)  # fmt: skip
+                   suffix_decoding_max_cached_requests, heads)  # fmt: skip
 
     @property
     def engine(self) -> Engine:
@@ -219,7 +233,7 @@ class LeapDecoder:
         **spec_options,
     ) -> Sequence:
         """A validated request for the engine (generate, stream, the server and the bench
-        all build theirs here). method: none | draft | ngram | auto; k: draft tokens per step
+        all build theirs here). method: one of METHODS; k: draft tokens (tree nodes) per step
         (0..64; auto: the most it may use); temperature 0 is greedy; stop: strings that end
         generation (cut from the text); stop_token_ids: token ids that end it besides EOS;
         spec: a whole SpecConfig instead of method / k / ngram_* / draft_min_prob;

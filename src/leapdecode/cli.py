@@ -1,4 +1,4 @@
-"""`leapdecode generate | demo`: the command line.
+"""`leapdecode generate | demo | export` (and train, bench, serve): the command line.
 
 Every user error is one line on stderr and a non-zero exit; never a traceback
 (set LEAPDECODE_DEBUG=1 to see one for an internal error).
@@ -25,6 +25,11 @@ class _Parser(argparse.ArgumentParser):
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target model folder (Hugging Face format)")
     p.add_argument("--draft", help="draft model folder, same tokenizer as the target")
+    p.add_argument(
+        "--speculator", action="append", default=None, metavar="PATH",
+        help="medusa / eagle heads folder (repeatable; default: <target>-medusa and "
+        "<target>-eagle beside the target, when present)",
+    )  # fmt: skip
     p.add_argument("--backend", default="native", choices=["native", "transformers"])
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument(
@@ -46,8 +51,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_draftless_args(p: argparse.ArgumentParser) -> None:
-    """Options of the tree-capable draftless methods (suffix, lookahead, ngram trees)."""
-    g = p.add_argument_group("draftless methods (suffix, lookahead, ngram trees)")
+    """Options of the tree methods (suffix, lookahead, ngram trees, eagle)."""
+    g = p.add_argument_group("tree methods (suffix, lookahead, ngram trees, eagle)")
     g.add_argument("--tree", action="store_true",
                    help="ngram, suffix: verify several candidates as one tree of at most k "
                    "nodes (default: one chain)")  # fmt: skip
@@ -65,6 +70,11 @@ def add_draftless_args(p: argparse.ArgumentParser) -> None:
                    help="lookahead: N, 3 or more (default 3)")  # fmt: skip
     g.add_argument("--lookahead-max-candidates", type=int, default=3,
                    help="lookahead: G, n-grams verified per step (default 3)")  # fmt: skip
+    g.add_argument("--speculative-num-steps", type=int, default=4,
+                   help="eagle: depth of the draft tree grown per step (default 4)")  # fmt: skip
+    g.add_argument("--speculative-eagle-topk", type=int, default=4,
+                   help="eagle: nodes kept per depth, each expanding as many children "
+                   "(default 4); --k is the tree's size after reranking")  # fmt: skip
 
 
 def spec_options(args) -> dict:
@@ -76,6 +86,8 @@ def spec_options(args) -> dict:
         lookahead_window=args.lookahead_window,
         lookahead_ngram_size=args.lookahead_ngram_size,
         lookahead_max_candidates=args.lookahead_max_candidates,
+        speculative_num_steps=args.speculative_num_steps,
+        speculative_eagle_topk=args.speculative_eagle_topk,
     )
 
 
@@ -127,6 +139,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="one JSON object per prompt per line")
     gen.add_argument("--prompts-file", help='JSONL file, one {"prompt": ...} per line')
     gen.add_argument("prompt", nargs="?", help="the prompt text, or - to read stdin")
+
+    exp = sub.add_parser("export", help="write an EAGLE head in the layout vLLM loads")
+    exp.add_argument("--format", default="speculators", choices=["speculators"])
+    exp.add_argument("--speculator", default=None,
+                     help="the EAGLE head folder (default: <target>-eagle)")  # fmt: skip
+    exp.add_argument("--target", default=None, help="its target (default: the embedded one)")
+    exp.add_argument("--out", required=True, help="output folder")
+    exp.add_argument("--verifier", default=None,
+                     help="the target's name for vLLM (a hub id or path; default: --target's path)")  # fmt: skip
+    exp.add_argument("--speculative-tokens", type=int, default=3,
+                     help="num_speculative_tokens vLLM uses by default (default 3)")  # fmt: skip
+    exp.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
 
     demo = sub.add_parser("demo", help="speculative vs plain decoding on the embedded models")
     _add_model_args(demo)
@@ -217,7 +241,7 @@ def cmd_generate(args) -> int:
     decoder = LeapDecoder.from_pretrained(
         target, draft=draft, backend=args.backend, device=args.device, dtype=args.dtype,
         draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab if draft else None,
-        threads=args.threads, **engine_options(args),
+        threads=args.threads, speculators=args.speculator, **engine_options(args),
     )  # fmt: skip
     for prompt in prompts:
         result = decoder.generate(
@@ -249,6 +273,18 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from .speculators_export import export_speculators
+
+    target, _ = resolve_models(args.target, None)
+    head = args.speculator or os.path.abspath(target).rstrip(os.sep) + "-eagle"
+    config = export_speculators(head, target, args.out, args.verifier, args.speculative_tokens,
+                                args.dtype)  # fmt: skip
+    print(f"EAGLE-3 head exported to {args.out} (speculators {config['speculators_version']}"
+          f" layout; serve with vLLM: vllm serve {args.out})")  # fmt: skip
+    return 0
+
+
 def cmd_train(args) -> int:
     from .train.commands import cmd_train as run
 
@@ -276,7 +312,7 @@ def cmd_serve(args) -> int:
 
 
 COMMANDS = {"generate": cmd_generate, "train": cmd_train, "demo": cmd_demo, "bench": cmd_bench,
-            "serve": cmd_serve}  # fmt: skip
+            "serve": cmd_serve, "export": cmd_export}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

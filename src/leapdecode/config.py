@@ -14,7 +14,7 @@ from .errors import LeapDecodeError
 
 # Every method a request may ask for. `auto` picks, per sequence and per step, the method
 # and the number of draft tokens (0 included) that maximise the whole batch's goodput.
-METHODS = ("none", "draft", "ngram", "suffix", "lookahead", "auto")
+METHODS = ("none", "draft", "ngram", "suffix", "lookahead", "medusa", "eagle", "auto")
 MAX_K = 64  # the most draft tokens a step may verify per sequence
 MAX_TOP_K = 1_000_000
 
@@ -49,7 +49,7 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class SpecConfig:
-    method: str = "none"  # none | draft | ngram | suffix | lookahead | auto
+    method: str = "none"  # none | draft | ngram | suffix | lookahead | medusa | eagle | auto
     num_speculative_tokens: int = 4  # k: draft tokens per step (auto: the most it may use)
     prompt_lookup_min: int = 2  # ngram: shortest n-gram to match
     prompt_lookup_max: int = 4  # ngram: longest n-gram to match
@@ -64,6 +64,11 @@ class SpecConfig:
     lookahead_window: int = 3
     lookahead_ngram_size: int = 3
     lookahead_max_candidates: int = 3
+    # eagle's dynamic tree (EAGLE-2; SGLang's names): depth grown per step, and the nodes
+    # kept per depth (each expands this many children); num_speculative_tokens is the
+    # tree's size after reranking. medusa's tree is static (the heads' folder holds it).
+    speculative_num_steps: int = 4
+    speculative_eagle_topk: int = 4
     # A static batch-size -> k table (vLLM's num_speculative_tokens_per_batch_size, TRT-LLM's
     # draft_len_schedule): ((batch size, k), ...); a batch of B running sequences uses the k
     # of the largest batch size <= B. Empty: always num_speculative_tokens. Fixed methods only.
@@ -105,6 +110,12 @@ class SpecConfig:
             raise LeapDecodeError(
                 f"lookahead W={w}, N={n}, G={g} makes a tree of {self.lookahead_nodes} nodes "
                 f"per step, more than {MAX_K}: lower W, N or G"
+            )
+        steps, topk = self.speculative_num_steps, self.speculative_eagle_topk
+        if not (_is_int(steps) and _is_int(topk) and 1 <= steps <= 16 and 1 <= topk <= 16):
+            raise LeapDecodeError(
+                f"eagle's tree needs speculative_num_steps and speculative_eagle_topk in 1..16 "
+                f"(got {steps!r}, {topk!r})"
             )
         m = self.draft_min_prob
         if not isinstance(m, int | float) or isinstance(m, bool) or not 0 <= m < 1:

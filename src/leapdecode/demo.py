@@ -78,7 +78,8 @@ def run_demo(args) -> int:
     console.print(f"target [bold]{target}[/bold]\ndraft  [bold]{draft}[/bold]")
     dec = LeapDecoder.from_pretrained(target, draft=draft, backend=args.backend,
                                       device=args.device, dtype=args.dtype,
-                                      draft_dtype=args.draft_dtype)  # fmt: skip
+                                      draft_dtype=args.draft_dtype,
+                                      speculators=args.speculator)  # fmt: skip
     methods = [("none", 0), ("draft", args.k), ("ngram", args.k)]
     dec.generate(prompt, method="none", max_new_tokens=8)  # warm-up
     runs = {m: [] for m, _ in methods}

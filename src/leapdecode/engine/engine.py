@@ -26,11 +26,13 @@ import torch
 
 from ..config import MAX_K
 from ..errors import LeapDecodeError
-from ..models.base import CausalLM
+from ..models.base import CausalLM, HiddenRequest
 from ..proposers import (
     DraftModelProposer,
     Drafts,
+    EagleProposer,
     LookaheadProposer,
+    MedusaProposer,
     NgramProposer,
     NoProposer,
     Proposer,
@@ -46,7 +48,8 @@ from .scheduler import Scheduler
 class Engine:
     def __init__(self, target: CausalLM, draft: CausalLM | None = None, max_num_seqs: int = 16,
                  metrics=None, suffix_decoding_max_tree_depth: int = 24,
-                 suffix_decoding_max_cached_requests: int = 10_000) -> None:  # fmt: skip
+                 suffix_decoding_max_cached_requests: int = 10_000, medusa=None,
+                 eagle=None) -> None:  # fmt: skip
         if max_num_seqs < 1:
             raise LeapDecodeError("max_num_seqs must be >= 1")
         self.target = target
@@ -70,6 +73,10 @@ class Engine:
         }
         if draft is not None:
             self.proposers["draft"] = DraftModelProposer(draft, target.vocab_size)
+        if medusa is not None:
+            self.proposers["medusa"] = MedusaProposer(medusa, target)
+        if eagle is not None:
+            self.proposers["eagle"] = EagleProposer(eagle, target)
         self.draft = draft
         self.metrics = metrics
         self.scheduler = Scheduler(self)
@@ -93,7 +100,13 @@ class Engine:
         """Refuse a request this engine cannot run (before it is queued)."""
         if spec.method == "draft" and self.draft is None:
             raise LeapDecodeError("method 'draft' needs a draft model: pass --draft PATH")
-        tree = spec.method == "lookahead" or (
+        if spec.method in ("medusa", "eagle") and spec.method not in self.proposers:
+            raise LeapDecodeError(
+                f"method {spec.method!r} needs trained heads: pass --speculator PATH (or put "
+                f"them beside the target as <target>-{spec.method}; `leapdecode train "
+                f"{spec.method}` makes them)"
+            )
+        tree = spec.method in ("lookahead", "medusa", "eagle") or (
             spec.use_tree_spec and spec.method in ("ngram", "suffix", "auto"))  # fmt: skip
         if tree and self.target.name != "native":
             raise LeapDecodeError(
@@ -175,7 +188,8 @@ class Engine:
         tokens, lengths = pad_right([s.tokens for s in seqs])
         slots = self._slots(seqs)
         self.target.truncate(slots, torch.zeros(len(seqs), dtype=torch.long))
-        logits = self.target.forward(tokens, slots, logits_at=lengths - 1)  # [B, 1, V]
+        want = self._wanted(seqs)
+        logits, outs = self._forward(tokens, slots, want, logits_at=lengths - 1)  # [B, 1, V]
         self.target.truncate(slots, lengths)
         _, _, first = self._verify(seqs, logits, Drafts.empty(len(seqs)))
         now = time.perf_counter()
@@ -186,7 +200,44 @@ class Engine:
             s.stats.first_token_s = now
             s.stats.queue_s = t0 - s.arrival_s
             out.append((s, s.append([tok])))
+        if outs is not None:
+            self._share_hidden(seqs, outs, want, [torch.arange(int(n)) for n in lengths])
         return out
+
+    def _wanted(self, seqs: list[Sequence]) -> HiddenRequest:
+        """The hidden states the batch's methods need from the target (as transformers'
+        requires_model_outputs): only batches with medusa or eagle requests ask for any."""
+        want = HiddenRequest()
+        for method in {s.spec.method for s in seqs}:
+            p = self.proposers.get(method)
+            if p is not None:
+                want = want.union(p.wants_hidden)
+        return want
+
+    def _forward(self, inputs, slots, want: HiddenRequest, **kw):
+        """The target's forward: (logits, ForwardOutput or None)."""
+        if not want:
+            return self.target.forward(inputs, slots, **kw), None
+        outs = self.target.forward_outputs(inputs, slots, want, **kw)
+        return outs.logits, outs
+
+    def _share_hidden(self, seqs, outs, want: HiddenRequest, cached: list[torch.Tensor]) -> None:
+        """Give the proposers that want them the hidden states at the inputs each sequence
+        has just cached for good (cached[i]: their input indices)."""
+        hidden = [None] * len(seqs)
+        final = [None] * len(seqs)
+        for i, idx in enumerate(cached):
+            at = idx.to(outs.logits.device)
+            if outs.hidden is not None:
+                hidden[i] = outs.hidden[i, at]  # [n, layers, H]
+            if outs.final is not None:
+                final[i] = outs.final[i, at]  # [n, H]
+        methods = {s.spec.method for s in seqs}
+        for p in self.proposers.values():
+            if p.wants_hidden and p.name in methods:
+                layers = [want.layers.index(j) for j in p.wants_hidden.layers]
+                p.target_hidden(seqs, [h[:, layers] if h is not None and layers else None
+                                       for h in hidden], final)  # fmt: skip
 
     def _decode(self, seqs: list[Sequence]) -> list[tuple[Sequence, list[int]]]:
         t0 = time.perf_counter()
@@ -205,15 +256,17 @@ class Engine:
         t1 = time.perf_counter()
         slots = self._slots(seqs)
         last = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.long)  # [B, 1]
+        want = self._wanted(seqs)
         inputs = torch.cat([last, drafts.tokens], dim=1)  # [B, k+1]
         cached = self.target.lengths(slots)  # [B]
         spans = drafts.counts.tolist()  # the longest run a row can accept
         if drafts.parents is None:
-            logits = self.target.forward(inputs, slots)  # [B, k+1, V]
+            logits, outs = self._forward(inputs, slots, want)  # [B, k+1, V]
         else:
             mask = ancestor_mask(drafts.parents, drafts.counts)  # [B, k+1, k+1]
             depth = depths(mask)  # [B, k+1]
-            logits = self.target.forward(inputs, slots, tree_mask=mask, position_offsets=depth)
+            logits, outs = self._forward(inputs, slots, want, tree_mask=mask,
+                                         position_offsets=depth)  # fmt: skip
             spans = depth.max(1).values.tolist()  # padding sits at depth 1, under the root
             spans = [min(d, c) for d, c in zip(spans, drafts.counts.tolist(), strict=True)]
         t2 = time.perf_counter()
@@ -240,6 +293,10 @@ class Engine:
                 s.method_used = plan[i][0]
             new = inputs[i, paths[i, : n_accepted[i]]].tolist() + [next_tokens[i]]
             added.append((s, s.append(new)))
+        if outs is not None:  # the root and the accepted path are cached for good
+            self._share_hidden(seqs, outs, want, [torch.cat([torch.zeros(1, dtype=torch.long),
+                                                       paths[i, : n_accepted[i]]])
+                                            for i in range(len(seqs))])  # fmt: skip
         t3 = time.perf_counter()
         self.scheduler.observe(seqs, plan, counts, n_accepted, t1 - t0, t2 - t1, spans)
         for s in seqs:

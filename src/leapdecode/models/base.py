@@ -9,8 +9,35 @@ sequences of different lengths.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(frozen=True)
+class HiddenRequest:
+    """Which hidden states a proposer needs from the target's forward (as transformers'
+    `requires_model_outputs`): `layers` index the residual stream *entering* each layer
+    (0 = the embeddings, num_layers = after the last layer, before the final norm; the
+    same indices as transformers' `hidden_states` and vLLM's aux hidden state layer ids);
+    `final`: the last hidden state after the final norm (what the LM head sees)."""
+
+    layers: tuple[int, ...] = ()
+    final: bool = False
+
+    def union(self, other: HiddenRequest) -> HiddenRequest:
+        return HiddenRequest(tuple(sorted(set(self.layers) | set(other.layers))),
+                             self.final or other.final)  # fmt: skip
+
+    def __bool__(self) -> bool:
+        return bool(self.layers) or self.final
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [B, T, V] float32 ([B, 1, V] with logits_at)
+    hidden: torch.Tensor | None = None  # [B, T, len(request.layers), H] at every new token
+    final: torch.Tensor | None = None  # [B, T, H] after the final norm, at every new token
 
 
 class CausalLM(ABC):
@@ -61,6 +88,25 @@ class CausalLM(ABC):
     @abstractmethod
     def truncate(self, slots: torch.Tensor, new_lengths: torch.Tensor) -> None:
         """Keep only the first `new_lengths[b]` cached tokens of each slot (rollback)."""
+
+    def forward_outputs(self, tokens, slots, hidden: HiddenRequest, tree_mask=None,
+                        position_offsets=None, logits_at=None) -> ForwardOutput:  # fmt: skip
+        """`forward`, also returning the hidden states `hidden` asks for (at every new token,
+        whatever `logits_at` is). Backends that cannot refuse with a clear error."""
+        from ..errors import LeapDecodeError
+
+        raise LeapDecodeError(
+            f"the {self.name} backend does not return hidden states (needed by medusa and "
+            "eagle heads): use --backend native"
+        )
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """The input embeddings of `ids` [...] -> [..., hidden] (native backend)."""
+        raise NotImplementedError
+
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The LM head on normed hidden states [..., hidden] -> [..., V] (native backend)."""
+        raise NotImplementedError
 
     def keep(self, slots: torch.Tensor, base: torch.Tensor, picked: torch.Tensor,
              n: torch.Tensor) -> None:  # fmt: skip

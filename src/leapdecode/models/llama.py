@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from ..errors import LeapDecodeError
-from .base import CausalLM
+from .base import CausalLM, ForwardOutput, HiddenRequest
 from .kv_cache import KVCache
 from .rope import apply_rope, rope_tables
 
@@ -208,6 +208,19 @@ class NativeLlama(CausalLM):
         self.lm_head = (full[:, ids] if _transposed(full) else full[ids]).contiguous()
         self.head_ids = ids
 
+    # ------------------------------------------------------- for speculator heads
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """The target's input embeddings of `ids` [...] -> [..., hidden]."""
+        return F.embedding(ids.to(self.device), self.embed)
+
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The target's (full) LM head on normed hidden states [..., hidden] -> [..., V]."""
+        return _linear(x.to(self.dtype), self._full_head, None).float()
+
     # ------------------------------------------------------------------- cache
     def allocate(self, n_slots: int, max_len: int) -> None:
         c = self.cache
@@ -262,8 +275,22 @@ class NativeLlama(CausalLM):
             masks[window] = allowed[:, None].to(self.device)
         return masks
 
-    @torch.inference_mode()
     def forward(self, tokens, slots, tree_mask=None, position_offsets=None, logits_at=None):
+        return self._run(tokens, slots, tree_mask, position_offsets, logits_at, None).logits
+
+    def forward_outputs(self, tokens, slots, hidden: HiddenRequest, tree_mask=None,
+                        position_offsets=None, logits_at=None) -> ForwardOutput:  # fmt: skip
+        bad = [i for i in hidden.layers if not 0 <= i <= len(self.layers)]
+        if bad:
+            raise LeapDecodeError(
+                f"hidden state layer {bad[0]} does not exist: this model has layers "
+                f"0..{len(self.layers)} (0 = embeddings, {len(self.layers)} = last layer's output)"
+            )
+        return self._run(tokens, slots, tree_mask, position_offsets, logits_at, hidden)
+
+    @torch.inference_mode()
+    def _run(self, tokens, slots, tree_mask, position_offsets, logits_at,
+             want: HiddenRequest | None) -> ForwardOutput:  # fmt: skip
         cache = self.cache
         if cache is None:
             raise RuntimeError("allocate() the cache before forward()")
@@ -295,7 +322,11 @@ class NativeLlama(CausalLM):
         h, d = self.n_heads, self.head_dim
         h_kv = self.n_kv_heads
         x = F.embedding(tokens.to(self.device), self.embed)  # [B, T, hidden]
+        keep = set(want.layers) if want else set()
+        kept: dict[int, torch.Tensor] = {}  # layer index -> residual stream entering it
         for i, layer in enumerate(self.layers):
+            if i in keep:
+                kept[i] = x
             a = _rms_norm(x, layer.attn_norm, self.eps)
             qkv = _linear(a, layer.wqkv, layer.bqkv)  # [B, T, (H + 2 H_kv) D]
             qk = qkv[..., : (h + h_kv) * d].view(batch, n_new, h + h_kv, d)
@@ -319,9 +350,21 @@ class NativeLlama(CausalLM):
             gate, up = _linear(m, layer.w_gate_up, layer.b_gate_up).chunk(2, dim=-1)
             x = x + _linear(F.silu(gate) * up, layer.w_down, layer.b_down)
         cache.lens[slots_cpu] = start + n_new
+        if len(self.layers) in keep:
+            kept[len(self.layers)] = x
+        hidden = final = None
+        if kept:
+            hidden = torch.stack([kept[i] for i in want.layers], dim=2)  # [B, T, n, hidden]
+        if want is not None and want.final:
+            final = _rms_norm(x, self.norm, self.eps)  # [B, T, hidden]
         if logits_at is not None:
             x = x[torch.arange(batch, device=x.device), logits_at.to(x.device)][
                 :, None
             ]  # [B, 1, hidden]
-        x = _rms_norm(x, self.norm, self.eps)
-        return _linear(x, self.lm_head, None).float()  # [B, T, V]
+            x = _rms_norm(x, self.norm, self.eps)
+        elif final is not None:
+            x = final
+        else:
+            x = _rms_norm(x, self.norm, self.eps)
+        logits = _linear(x, self.lm_head, None).float()  # [B, T, V]
+        return ForwardOutput(logits, hidden, final)

@@ -4,6 +4,10 @@ Lifecycle (the engine calls these at step boundaries):
     add(seqs)        a request joined (its slot is fresh; per-request state starts here)
     propose(seqs, ks) up to ks[i] draft tokens for each sequence, continuing seq.tokens
     accepted(seqs, n) after verification: seqs[i] kept n[i] drafts plus one target token
+    target_hidden(seqs, hidden, final)
+                     the target's hidden states at the inputs it has just cached for good
+                     (the prompt at prefill; the root and the accepted path after a step),
+                     for proposers that declare `wants_hidden` (medusa, eagle)
     remove(seqs)     a request finished or was aborted; free what is held for it
 
 Shared state (a draft model, its weights and head) is configured once, never per request;
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..models.base import HiddenRequest
 from ..sequence import Sequence, pad_right
 from ..tree import chain_parents
 
@@ -104,6 +109,17 @@ class Proposer(ABC):
 
     def accepted(self, seqs: list[Sequence], n_accepted: list[int]) -> None:
         """After verification: seqs[i] kept n_accepted[i] drafts plus one target token."""
+
+    # The target's hidden states this proposer needs (as transformers' requires_model_outputs);
+    # empty: none, and `target_hidden` is never called.
+    wants_hidden = HiddenRequest()
+
+    def target_hidden(self, seqs: list[Sequence], hidden: list[torch.Tensor | None],
+                      final: list[torch.Tensor | None]) -> None:  # fmt: skip
+        """The target cached new inputs of seqs[i] for good (its prompt at prefill; the root
+        and the accepted drafts after a step): hidden[i] [n_i, len(layers), H] and final[i]
+        [n_i, H] at those inputs, in order (None where not asked). Called after the
+        sequences gained their new tokens, so seqs[i].tokens[-1] is the one not yet cached."""
 
     def remove(self, seqs: list[Sequence]) -> None:
         """The sequences are done (finished or aborted); free what is held for them."""

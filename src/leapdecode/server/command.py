@@ -55,6 +55,7 @@ def cmd_serve(args) -> int:
                                       device=args.device, dtype=args.dtype,
                                       draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab,
                                       max_num_seqs=args.max_num_seqs, threads=args.threads,
+                                      speculators=args.speculator,
                                       **engine_options(args))  # fmt: skip
     dec.engine.check(spec)  # a default the engine cannot run fails now, not per request
     name = args.served_model_name or os.path.basename(os.path.abspath(target))

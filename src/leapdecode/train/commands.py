@@ -1,4 +1,4 @@
-"""`leapdecode train tokenizer | target | draft | evaluate`."""
+"""`leapdecode train tokenizer | target | draft | selfgen | medusa | eagle | evaluate | ...`."""
 
 from __future__ import annotations
 
@@ -85,6 +85,10 @@ def add_parsers(sub) -> None:
     pg = what.add_parser("progress", help="plot a run's loss and copy signals so far")
     pg.add_argument("--run-dir", required=True)
     pg.add_argument("--out", default=os.path.join("docs", "training"))
+
+    from .heads_command import add_parsers as add_heads
+
+    add_heads(what, _data_args)
 
     from .sizing import add_parser as add_sizing
 
@@ -384,8 +388,14 @@ def cmd_progress(args) -> int:
     return 0
 
 
+def cmd_heads(args) -> int:
+    from .heads_command import cmd_heads as run
+
+    return run(args)
+
+
 def cmd_train(args) -> int:
     return {"tokenizer": cmd_tokenizer, "target": cmd_target, "draft": cmd_draft,
             "sizing": cmd_sizing, "progress": cmd_progress,
             "evaluate": cmd_evaluate, "selfgen": cmd_selfgen,
-            "edits": cmd_edits}[args.what](args)  # fmt: skip
+            "edits": cmd_edits, "medusa": cmd_heads, "eagle": cmd_heads}[args.what](args)  # fmt: skip

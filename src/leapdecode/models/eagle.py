@@ -1,0 +1,197 @@
+"""An EAGLE-3-style draft head (Li et al. 2025): one decoder layer over the target's features.
+
+Input at index t (the pair that guesses token t+2):
+    g_t  = fc(concat(aux hidden states of the target at token t))   [hidden]
+           (a low, a middle and a high layer: the residual stream entering layers
+           `aux_layers`, by default (2, L // 2, L - 3) as in vLLM), or, while drafting, the
+           head's own pre-norm output of the step before (feature-level autoregression)
+    e_t  = the target's embedding of token t+1
+    x    = concat(input_layernorm(e_t), hidden_norm(g_t))            [2 hidden]
+    r    = g_t + o_proj(attention(x)),  o = r + mlp(post_attention_layernorm(r))
+    logits over the reduced draft vocabulary = lm_head(norm(o)); o feeds the next step.
+Position of index t: t + 1 (the position of its token; RoPE only sees differences).
+
+This is the computation of vLLM's `Eagle3LlamaForCausalLM` (layer 0, norm_before_residual
+false), so the weights export as they are (`speculators_export.py`). The draft vocabulary
+is the `draft_vocab_size` most frequent tokens; `d2t[d]` is the offset that maps draft id d
+to target id d + d2t[d] (the speculators/EAGLE-3 convention), `t2d` marks the target ids it
+covers. Embeddings are the target's own, shared and frozen.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..errors import LeapDecodeError
+from .rope import apply_rope, rope_tables
+
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """vLLM's and speculators' default: (2, L // 2, L - 3), kept inside 1..L-1 (the input
+    of some layer: vLLM captures aux states as layers start)."""
+    top = max(1, num_layers - 1)
+    return tuple(min(max(1, i), top) for i in (2, num_layers // 2, num_layers - 3))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, hidden: int, target_hidden: int, heads: int, kv_heads: int,
+                 head_dim: int, intermediate: int, vocab_size: int, draft_ids: torch.Tensor,
+                 aux_layers: tuple[int, ...], rope_theta: float = 10000.0,
+                 max_positions: int = 4096, eps: float = 1e-5) -> None:  # fmt: skip
+        super().__init__()
+        self.hidden, self.target_hidden = hidden, target_hidden
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.intermediate, self.vocab_size, self.eps = intermediate, vocab_size, eps
+        self.aux_layers = tuple(aux_layers)
+        self.rope_theta, self.max_positions = rope_theta, max_positions
+        self.fc = nn.Linear(len(aux_layers) * target_hidden, hidden, bias=False)
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.hidden_norm = RMSNorm(hidden, eps)
+        self.q_proj = nn.Linear(2 * hidden, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * hidden, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * hidden, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.norm = RMSNorm(hidden, eps)
+        draft_ids = torch.as_tensor(draft_ids, dtype=torch.long)
+        self.lm_head = nn.Linear(hidden, len(draft_ids), bias=False)
+        self.register_buffer("draft_ids", draft_ids, persistent=False)  # [Vd] target ids
+        cfg = type("RopeConfig", (), {"rope_theta": rope_theta})()
+        cos, sin = rope_tables(cfg, head_dim, max_positions, torch.float32)
+        self.register_buffer("cos", cos, persistent=False)  # [P, D]
+        self.register_buffer("sin", sin, persistent=False)
+        self.info: dict = {}
+        for lin in (self.fc, self.q_proj, self.k_proj, self.v_proj, self.o_proj,
+                    self.gate_proj, self.up_proj, self.down_proj, self.lm_head):  # fmt: skip
+            nn.init.normal_(lin.weight, std=0.02)
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return len(self.draft_ids)
+
+    # ------------------------------------------------------------------ pieces
+    def combine(self, aux: torch.Tensor) -> torch.Tensor:
+        """aux [..., n_aux, target_hidden] (the target's hidden states) -> g [..., hidden]."""
+        return self.fc(aux.flatten(-2))
+
+    def qkv(self, g: torch.Tensor, emb: torch.Tensor, positions: torch.Tensor):
+        """g, emb [B, T, hidden]; positions [B, T] -> q [B, H, T, D], k, v [B, H_kv, T, D]."""
+        b, t, _ = g.shape
+        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(g)], dim=-1)  # [B, T, 2h]
+        cos = self.cos[positions].unsqueeze(2)  # [B, T, 1, D]
+        sin = self.sin[positions].unsqueeze(2)
+        q = apply_rope(self.q_proj(x).view(b, t, self.heads, self.head_dim), cos, sin)
+        k = apply_rope(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim), cos, sin)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def finish(self, g: torch.Tensor, q, keys, values, mask) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention of q over keys/values (mask [B, 1, T, S] bool, True = attend), then the
+        rest of the layer: (pre-norm output o [B, T, hidden], draft logits [B, T, Vd])."""
+        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                           enable_gqa=self.heads != self.kv_heads)  # fmt: skip
+        b, _, t, _ = q.shape
+        r = g + self.o_proj(a.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        m = self.post_attention_layernorm(r)
+        o = r + self.down_proj(F.silu(self.gate_proj(m)) * self.up_proj(m))
+        return o, self.lm_head(self.norm(o))
+
+    # --------------------------------------------------------------- training
+    def ttt_forward(self, aux: torch.Tensor, emb: torch.Tensor,
+                    steps: int) -> list[torch.Tensor]:  # fmt: skip
+        """Training-time test (EAGLE-3): aux [B, T, n_aux, target_hidden] at tokens 0..T-1,
+        emb [B, T, hidden] the embeddings of tokens 1..T. Returns the draft logits
+        [B, T, Vd] of each of `steps` unrolled steps; at step j index t stands for drafting
+        depth j+1 after the last real feature at t - j, fed the head's own output of step
+        j-1 at t-1, attending to real keys at <= t - j and to its own chain (one key per
+        earlier step, at t - j + s). Indices t < j have no such chain (the loss skips them)."""
+        b, t, _ = emb.shape
+        positions = (torch.arange(t, device=emb.device) + 1).expand(b, t)
+        g = self.combine(aux)
+        keys, values, outs = [], [], []
+        idx = torch.arange(t, device=emb.device)
+        for j in range(steps):
+            q, k, v = self.qkv(g, emb, positions)
+            keys.append(k)
+            values.append(v)
+            blocks = [idx[None, :] <= (idx[:, None] - j)]  # step-0 (real) keys: [T, T]
+            blocks += [idx[None, :] == (idx[:, None] - j + s) for s in range(1, j + 1)]
+            mask = torch.cat(blocks, dim=1)  # [T, (j+1) T]
+            mask = mask | ~mask.any(1, keepdim=True)  # rows with no key (t < j): any, unused
+            o, logits = self.finish(g, q, torch.cat(keys, 2), torch.cat(values, 2), mask)
+            outs.append(logits)
+            g = torch.cat([o[:, :1], o[:, :-1]], dim=1)  # next step at t is fed o at t-1
+        return outs
+
+    # -------------------------------------------------------------- files
+    def config_dict(self) -> dict:
+        return {
+            "architectures": ["Eagle3Head"],
+            "hidden_size": self.hidden, "target_hidden_size": self.target_hidden,
+            "num_attention_heads": self.heads, "num_key_value_heads": self.kv_heads,
+            "head_dim": self.head_dim, "intermediate_size": self.intermediate,
+            "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size,
+            "eagle_aux_hidden_state_layer_ids": list(self.aux_layers),
+            "rope_theta": self.rope_theta, "max_position_embeddings": self.max_positions,
+            "rms_norm_eps": self.eps, "norm_before_residual": False,
+        }  # fmt: skip
+
+    def d2t(self) -> torch.Tensor:
+        """[Vd] int64 offsets: draft id d is target id d + d2t[d]."""
+        return self.draft_ids - torch.arange(self.draft_vocab_size)
+
+    def save(self, out: str, extra: dict | None = None) -> None:
+        os.makedirs(out, exist_ok=True)
+        state = {k: v.detach().float().contiguous() for k, v in self.state_dict().items()}
+        state["d2t"] = self.d2t().cpu()
+        save_file(state, os.path.join(out, WEIGHTS), metadata={"format": "pt"})
+        with open(os.path.join(out, CONFIG), "w") as f:
+            json.dump({**self.config_dict(), **self.info, **(extra or {})}, f, indent=1)
+
+    @classmethod
+    def load(cls, path: str) -> Eagle3Head:
+        cfg_path = os.path.join(path, CONFIG)
+        if not os.path.isfile(cfg_path) or not os.path.isfile(os.path.join(path, WEIGHTS)):
+            raise LeapDecodeError(
+                f"{path!r} is not an EAGLE head folder (config.json + model.safetensors): "
+                "train one with `leapdecode train eagle`"
+            )
+        with open(cfg_path) as f:
+            c = json.load(f)
+        if c.get("architectures") != ["Eagle3Head"]:
+            raise LeapDecodeError(f"{cfg_path} is not an Eagle3Head config (architectures)")
+        state = load_file(os.path.join(path, WEIGHTS))
+        d2t = state.pop("d2t")
+        ids = d2t + torch.arange(len(d2t))
+        head = cls(c["hidden_size"], c["target_hidden_size"], c["num_attention_heads"],
+                   c["num_key_value_heads"], c["head_dim"], c["intermediate_size"],
+                   c["vocab_size"], ids, tuple(c["eagle_aux_hidden_state_layer_ids"]),
+                   c["rope_theta"], c["max_position_embeddings"], c["rms_norm_eps"])  # fmt: skip
+        try:
+            head.load_state_dict(state)
+        except RuntimeError as e:
+            raise LeapDecodeError(f"the EAGLE weights in {path!r} do not fit: {e}") from None
+        head.info = {k: v for k, v in c.items() if k in ("target", "training", "accuracy")}
+        return head.eval()

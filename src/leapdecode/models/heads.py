@@ -1,0 +1,80 @@
+"""Speculator heads trained on a target (Medusa, EAGLE-3): find, load and check them.
+
+With `--method medusa|eagle` the heads come from `--speculator PATH`, or from the folders
+beside the target named `<target>-medusa` and `<target>-eagle`, so the embedded target
+needs no extra flag.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ..errors import LeapDecodeError
+from .base import CausalLM
+
+KINDS = ("medusa", "eagle")
+
+
+def beside(target: str) -> list[str]:
+    """The head folders next to a target folder (`<target>-medusa`, `<target>-eagle`)."""
+    base = os.path.abspath(target).rstrip(os.sep)
+    return [p for p in (f"{base}-{k}" for k in KINDS)
+            if os.path.isfile(os.path.join(p, "config.json"))]  # fmt: skip
+
+
+def kind_of(path: str) -> str:
+    cfg = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg):
+        raise LeapDecodeError(
+            f"speculator path {path!r} has no config.json: pass a folder written by "
+            "`leapdecode train medusa` or `leapdecode train eagle`"
+        )
+    with open(cfg) as f:
+        arch = (json.load(f).get("architectures") or [""])[0]
+    kinds = {"MedusaHeads": "medusa", "Eagle3Head": "eagle"}
+    if arch not in kinds:
+        raise LeapDecodeError(
+            f"{path!r} is not a leapdecode speculator (architectures {arch!r}); a speculators "
+            "(vLLM) export is for vLLM: use the folder `leapdecode train eagle` wrote"
+        )
+    return kinds[arch]
+
+
+def load_heads(paths: list[str], target: CausalLM) -> dict[str, object]:
+    """{"medusa": MedusaHeads, "eagle": Eagle3Head} from the given folders, checked against
+    the target (hidden size, vocabulary, layers)."""
+    from .eagle import Eagle3Head
+    from .medusa import MedusaHeads
+
+    out: dict[str, object] = {}
+    for path in paths:
+        kind = kind_of(path)
+        if kind in out:
+            raise LeapDecodeError(f"two {kind} speculators given: pass one of each kind at most")
+        hidden = int(target.config.hidden_size)
+        if kind == "medusa":
+            heads = MedusaHeads.load(path)
+            if heads.hidden != hidden:
+                raise LeapDecodeError(
+                    f"the Medusa heads in {path!r} are for hidden size {heads.hidden}, the "
+                    f"target's is {hidden}: train heads for this target"
+                )
+        else:
+            heads = Eagle3Head.load(path)
+            layers = int(target.config.num_hidden_layers)
+            if (heads.target_hidden != hidden or heads.vocab_size > target.vocab_size
+                    or max(heads.aux_layers) >= layers):  # fmt: skip
+                raise LeapDecodeError(
+                    f"the EAGLE head in {path!r} does not fit this target (target hidden "
+                    f"{heads.target_hidden} vs {hidden}, vocabulary {heads.vocab_size} vs "
+                    f"{target.vocab_size}, layers {heads.aux_layers} vs {layers}): train "
+                    "a head for this target"
+                )
+        out[kind] = heads
+    if out and target.name != "native":
+        raise LeapDecodeError(
+            f"medusa and eagle heads need the target's hidden states and tree attention, "
+            f"which the {target.name} backend lacks: use --backend native"
+        )
+    return out

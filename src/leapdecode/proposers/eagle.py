@@ -1,0 +1,217 @@
+"""`eagle`: an EAGLE-3-style head drafts a dynamic tree (EAGLE-2) at the feature level.
+
+Per sequence the head keeps its own KV cache over the pairs (target features at token t,
+token t+1) for every token the target has cached (models/eagle.py). A proposal:
+
+1. catch up: run the pairs the head has not seen (the target's aux hidden states arrive
+   through `target_hidden`), batched and right-padded; the output at the last pair
+   guesses the first draft token;
+2. grow the tree (EAGLE-2): the root's top_k tokens are depth 1; at each depth the
+   frontier (top_k nodes) runs one head step in one batched forward (each node attends to
+   the cache, its ancestors and itself), each node's top_k children are scored by their
+   cumulative log-probability, and the best top_k of those become the next frontier;
+3. rerank: the `num_speculative_tokens` best nodes of all scored candidates (a child never
+   scores above its parent, so the set holds every chosen node's parent) form the draft
+   tree, in depth order.
+
+The tree nodes never enter the head's cache: after verification the target's real
+features for the accepted tokens replace them. Drafts are deterministic (top-k), so the
+engine's tree verification keeps the output exactly the target's, greedy and sampled.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.base import CausalLM, HiddenRequest
+from ..models.eagle import Eagle3Head
+from ..sequence import Sequence, pad_right
+from .base import Drafts, Proposer
+
+
+class EagleProposer(Proposer):
+    name = "eagle"
+
+    def __init__(self, head: Eagle3Head, target: CausalLM) -> None:
+        self.head = head.to(device=target.device, dtype=torch.float32).eval()
+        self.target = target
+        self.wants_hidden = HiddenRequest(layers=head.aux_layers)
+        self.max_len = min(target.max_context + 2, head.max_positions)
+        self.k_cache: torch.Tensor | None = None  # [slots, H_kv, max_len, D]
+        self.v_cache: torch.Tensor | None = None
+        self.fed: dict[int, int] = {}  # seq id -> pairs in its cache
+        self.pending: dict[int, list[torch.Tensor]] = {}  # seq id -> [n, n_aux, H] features
+
+    # ---------------------------------------------------------------- lifecycle
+    def _ensure_slots(self, n_slots: int) -> None:
+        h = self.head
+        if self.k_cache is None or self.k_cache.shape[0] < n_slots:
+            shape = (n_slots, h.kv_heads, self.max_len, h.head_dim)
+            old_k, old_v = self.k_cache, self.v_cache
+            self.k_cache = torch.zeros(shape, device=self.target.device)
+            self.v_cache = torch.zeros(shape, device=self.target.device)
+            if old_k is not None:
+                self.k_cache[: old_k.shape[0]] = old_k
+                self.v_cache[: old_v.shape[0]] = old_v
+
+    def add(self, seqs: list[Sequence]) -> None:
+        self._ensure_slots(1 + max(s.slot for s in seqs))
+        for s in seqs:
+            if s.spec.method != self.name:
+                continue  # only eagle requests keep features
+            self.fed[s.id] = 0
+            self.pending[s.id] = []
+
+    def target_hidden(self, seqs, hidden, final) -> None:
+        for s, h in zip(seqs, hidden, strict=True):
+            if h is not None and s.id in self.pending:
+                self.pending[s.id].append(h.float())
+
+    def remove(self, seqs: list[Sequence]) -> None:
+        for s in seqs:
+            self.fed.pop(s.id, None)
+            self.pending.pop(s.id, None)
+
+    # ------------------------------------------------------------------ propose
+    def _catch_up(self, seqs: list[Sequence]):
+        """Feed every pending pair; returns (root output o [B, hidden], root log-probs
+        [B, Vd], cached pairs per row [B])."""
+        h = self.head
+        dev = self.k_cache.device
+        feats, toks = [], []
+        for s in seqs:
+            aux = torch.cat(self.pending[s.id]) if self.pending[s.id] else None
+            self.pending[s.id] = []
+            fed = self.fed[s.id]
+            n = 0 if aux is None else len(aux)
+            feats.append(aux)
+            toks.append(s.tokens[fed + 1 : fed + 1 + n])  # the token after each feature
+        counts = torch.tensor([len(t) for t in toks])
+        if int(counts.min()) == 0:
+            raise RuntimeError("eagle: a sequence has no new target features to draft from")
+        tokens, _ = pad_right(toks)  # [B, T]
+        b, t = tokens.shape
+        aux = torch.zeros(b, t, len(h.aux_layers), h.target_hidden, device=dev)
+        for i, f in enumerate(feats):
+            aux[i, : len(f)] = f
+        start = torch.tensor([self.fed[s.id] for s in seqs])  # [B]
+        slots = torch.tensor([s.slot for s in seqs])
+        positions = (start[:, None] + torch.arange(t) + 1).clamp(max=self.max_len - 1)
+        g = h.combine(aux)  # [B, T, hidden]
+        emb = self.target.embed_tokens(tokens).float()
+        q, k, v = h.qkv(g, emb, positions.to(dev))
+        write = (start[:, None] + torch.arange(t)).clamp(max=self.max_len - 1)  # [B, T]
+        for i in range(b):
+            n = int(counts[i])
+            slot, at = int(slots[i]), write[i, :n].to(dev)
+            self.k_cache[slot, :, at] = k[i, :, :n]
+            self.v_cache[slot, :, at] = v[i, :, :n]
+        span = int((start + counts).max())
+        keys, values = self.k_cache[slots, :, :span], self.v_cache[slots, :, :span]
+        key = torch.arange(span)
+        mask = key[None, None, :] <= write[:, :, None]  # [B, T, S] causal
+        o, logits = h.finish(g, q, keys, values, mask[:, None].to(dev))
+        last = (counts - 1).to(dev)
+        rows = torch.arange(b, device=dev)
+        for s, n in zip(seqs, counts.tolist(), strict=True):
+            self.fed[s.id] += n
+        return o[rows, last], logits[rows, last].log_softmax(-1), start + counts
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> Drafts:
+        rows = [i for i, (s, k) in enumerate(zip(seqs, ks, strict=True))
+                if k > 0 and self.pending.get(s.id)]  # fmt: skip
+        out: list[tuple[list[int], list[int]]] = [([], [])] * len(seqs)
+        if rows:
+            active = [seqs[i] for i in rows]
+            trees = self._grow(active, [ks[i] for i in rows])
+            for j, i in enumerate(rows):
+                out[i] = trees[j]
+        return Drafts.from_trees(out)
+
+    def _grow(self, seqs: list[Sequence], budgets: list[int]):
+        """The draft trees (tokens, parents) of `seqs` (see the module notes)."""
+        h = self.head
+        spec = seqs[0].spec
+        top_k = max(1, spec.speculative_eagle_topk)
+        depth = max(1, spec.speculative_num_steps)
+        for s in seqs:
+            s.stats.draft_forwards += depth  # the catch-up, then one per depth grown
+        o, logp, cached = self._catch_up(seqs)  # [B, h], [B, Vd], [B]
+        b, dev = len(seqs), o.device
+        slots = torch.tensor([s.slot for s in seqs])
+        base = self.k_cache[slots, :, : int(cached.max())]  # [B, H_kv, S, D] committed keys
+        base_v = self.v_cache[slots, :, : int(cached.max())]
+        committed = torch.arange(base.shape[2])[None, :] < cached[:, None]  # [B, S]
+        # candidate nodes (all depths): draft-vocab id, score, parent node (-1 = root), depth
+        score, tok = logp.topk(top_k, dim=-1)  # [B, top_k]
+        cand_tok, cand_score = [tok], [score]
+        cand_parent = [torch.full((b, top_k), -1, device=dev)]
+        frontier = torch.arange(top_k, device=dev).expand(b, top_k)  # candidate ids
+        front_feat = o[:, None].expand(b, top_k, o.shape[-1])  # [B, top_k, hidden]
+        tree_k, tree_v = [], []  # per depth [B, H_kv, top_k, D]
+        anc = torch.zeros(b, 0, 0, dtype=torch.bool, device=dev)  # [B, nodes, nodes] run
+        run_ids = []  # candidate id of each run node
+        for d in range(1, depth):
+            flat_tok = torch.cat(cand_tok, 1)  # [B, C]
+            node_tok = flat_tok.gather(1, frontier)  # [B, top_k] draft ids
+            emb = self.target.embed_tokens(h.draft_ids[node_tok]).float()
+            positions = (cached[:, None] + d).expand(b, top_k).clamp(max=self.max_len - 1)
+            q, k, v = h.qkv(front_feat, emb, positions.to(dev))
+            tree_k.append(k)
+            tree_v.append(v)
+            # this depth's nodes see the committed cache, their ancestors among the run
+            # nodes, and themselves
+            n_run = len(run_ids)
+            parents_cand = torch.cat(cand_parent, 1).gather(1, frontier)  # [B, top_k]
+            new_anc = torch.zeros(b, top_k, n_run + top_k, dtype=torch.bool, device=dev)
+            if n_run:
+                run = torch.stack(run_ids, 1)  # [B, n_run]
+                is_parent = run[:, None, :] == parents_cand[:, :, None]  # [B, top_k, n_run]
+                new_anc[:, :, :n_run] = (is_parent[..., None] & anc[:, None]).any(2) | is_parent
+            new_anc[:, :, n_run:] = torch.eye(top_k, dtype=torch.bool, device=dev)
+            grown = torch.zeros(b, n_run + top_k, n_run + top_k, dtype=torch.bool, device=dev)
+            grown[:, :n_run, :n_run] = anc
+            grown[:, n_run:] = new_anc
+            anc = grown
+            run_ids += list(frontier.unbind(1))
+            keys = torch.cat([base, *tree_k], dim=2)
+            values = torch.cat([base_v, *tree_v], dim=2)
+            mask = torch.cat([committed[:, None].expand(b, top_k, -1).to(dev), new_anc], 2)
+            o_new, logits = h.finish(front_feat, q, keys, values, mask[:, None])
+            child_score, child_tok = logits.log_softmax(-1).topk(top_k, dim=-1)  # [B, k, k]
+            total = (cand_score_of(cand_score, frontier)[..., None] + child_score).flatten(1)
+            c0 = sum(t.shape[1] for t in cand_tok)
+            cand_tok.append(child_tok.flatten(1))
+            cand_score.append(total)
+            cand_parent.append(frontier[:, :, None].expand(b, top_k, top_k).flatten(1))
+            best = total.topk(top_k, dim=-1).indices  # [B, top_k] among this depth's
+            front_feat = o_new.gather(1, (best // top_k)[..., None].expand(-1, -1, o.shape[-1]))
+            frontier = c0 + best
+        return self._rerank(cand_tok, cand_score, cand_parent, budgets)
+
+    def _rerank(self, cand_tok, cand_score, cand_parent, budgets):
+        h = self.head
+        toks = h.draft_ids[torch.cat(cand_tok, 1)].cpu()  # [B, C] target ids
+        scores = torch.cat(cand_score, 1).cpu()
+        parents = torch.cat(cand_parent, 1).cpu()
+        trees = []
+        for i, budget in enumerate(budgets):
+            order = scores[i].argsort(descending=True, stable=True)[:budget].tolist()
+            chosen = set(order)
+            for c in list(order):  # ties could drop a parent: add it back
+                p = int(parents[i, c])
+                while p >= 0 and p not in chosen:
+                    chosen.add(p)
+                    p = int(parents[i, p])
+            nodes = sorted(chosen)  # candidate ids grow with depth: parents come first
+            index = {c: j + 1 for j, c in enumerate(nodes)}
+            tokens = [int(toks[i, c]) for c in nodes]
+            par = [index.get(int(parents[i, c]), 0) for c in nodes]
+            trees.append((tokens, par))
+        return trees
+
+
+def cand_score_of(cand_score: list[torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
+    """Scores [B, n] of candidate ids [B, n] across the per-depth score tensors."""
+    return torch.cat(cand_score, 1).gather(1, ids)

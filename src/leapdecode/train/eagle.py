@@ -1,0 +1,114 @@
+"""`leapdecode train eagle`: an EAGLE-3-style head on a frozen target, by self-distillation.
+
+Each batch runs the target once over [B, T+1] tokens for its aux hidden states (the layers
+the head reads) and its next-token distributions. The head then unrolls `ttt_steps` steps
+of the training-time test (models/eagle.py `ttt_forward`): step 0 drafts from the
+target's real features, step j from the head's own output of step j-1, the way it drafts
+at depth j+1. Every step learns the target's distribution over the draft vocabulary
+(soft labels, renormalised over the draft's tokens), weighted 0.8^j. Accuracy by depth is
+measured on held-out windows the same way (greedy: the head's top token equals the target's
+greedy token, on the chain of its own features).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..models.eagle import Eagle3Head, default_aux_layers
+from .data import batch_at
+from .teacher import Teacher, fit, soft_ce
+
+
+def draft_vocabulary(tokens: np.ndarray, vocab: int, size: int) -> torch.Tensor:
+    """The `size` most frequent token ids of the training stream, sorted (the draft vocab)."""
+    counts = np.bincount(np.asarray(tokens, dtype=np.int64), minlength=vocab)[:vocab]
+    ranked = np.argsort(-counts, kind="stable")[: min(size, vocab)]
+    return torch.from_numpy(np.sort(ranked)).long()
+
+
+def new_head(teacher: Teacher, draft_ids: torch.Tensor) -> Eagle3Head:
+    cfg = teacher.config
+    heads = int(cfg.num_attention_heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or teacher.hidden // heads)
+    rope = dict(getattr(cfg, "rope_parameters", None) or {})
+    theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+    head = Eagle3Head(teacher.hidden, teacher.hidden, heads,
+                      int(getattr(cfg, "num_key_value_heads", heads)), head_dim,
+                      int(cfg.intermediate_size), teacher.vocab, draft_ids,
+                      default_aux_layers(teacher.layers), theta,
+                      int(cfg.max_position_embeddings) + 2, float(cfg.rms_norm_eps))  # fmt: skip
+    with torch.no_grad():  # start from the target's own output rows for the draft tokens
+        head.lm_head.weight.copy_(teacher.model.get_output_embeddings().weight[draft_ids])
+    return head
+
+
+def _labels(head: Eagle3Head, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's distribution renormalised over the draft vocabulary [.., Vd], and its
+    greedy token as a draft id (-1 where it is outside the draft vocabulary)."""
+    p = torch.softmax(logits, dim=-1)  # [B, T, V]
+    q = p[..., head.draft_ids]
+    q = q / q.sum(-1, keepdim=True).clamp(min=1e-9)
+    to_draft = torch.full((logits.shape[-1],), -1, dtype=torch.long)
+    to_draft[head.draft_ids] = torch.arange(head.draft_vocab_size)
+    return q, to_draft[logits.argmax(-1)]
+
+
+def _unroll(head: Eagle3Head, teacher: Teacher, b: torch.Tensor, steps: int):
+    """b [B, T+1] -> (per-step draft logits [B, T, Vd], labels q [B, T, Vd], greedy [B, T])."""
+    aux, _, logits = teacher.run(b, head.aux_layers)  # aux [B, T+1, n, H]
+    emb = teacher.embed(b[:, 1:])  # [B, T, H] the token after each feature
+    outs = head.ttt_forward(aux[:, :-1], emb, steps)
+    q, greedy = _labels(head, logits[:, 1:])  # the target's guess for the token after that
+    return outs, q, greedy
+
+
+def eagle_loss(head: Eagle3Head, teacher: Teacher, steps: int):
+    def step(b: torch.Tensor):
+        outs, q, greedy = _unroll(head, teacher, b, steps)
+        total, metrics = 0.0, {}
+        for j, logits in enumerate(outs):
+            total = total + 0.8**j * soft_ce(logits[:, j:].flatten(0, 1), q[:, j:].flatten(0, 1))
+            hit = logits[:, j:].argmax(-1) == greedy[:, j:]
+            metrics[f"acc{j + 1}"] = float(hit.float().mean())
+        return total, metrics
+
+    return step
+
+
+@torch.no_grad()
+def measure(head: Eagle3Head, teacher: Teacher, tokens: np.ndarray, steps: int,
+            windows: int = 16, context: int = 256) -> dict:  # fmt: skip
+    """Held-out accuracy by draft depth (top-1 and top-4), and the share of target greedy
+    tokens the draft vocabulary covers."""
+    context = min(context, len(tokens) - 2)
+    top1, top4, covered, n = np.zeros(steps), np.zeros(steps), 0, 0
+    for w in range(0, windows, 4):
+        b = torch.from_numpy(batch_at(tokens, w, 4, context, seed=777))
+        outs, _, greedy = _unroll(head, teacher, b, steps)
+        covered += int((greedy >= 0).sum())
+        n += greedy.numel()
+        for j, logits in enumerate(outs):
+            top = logits[:, j:].topk(4, dim=-1).indices
+            g = greedy[:, j:, None]
+            top1[j] += float((top[..., :1] == g).float().mean())
+            top4[j] += float((top == g).any(-1).float().mean())
+    k = len(range(0, windows, 4))
+    return {"top1_by_depth": (top1 / k).round(4).tolist(),
+            "top4_by_depth": (top4 / k).round(4).tolist(),
+            "draft_vocab_coverage": round(covered / n, 4)}  # fmt: skip
+
+
+def train_eagle(teacher: Teacher, train_tokens, val_tokens, *, draft_vocab: int, ttt_steps: int,
+                steps: int, batch: int, context: int, lr: float, run_dir: str,
+                seed: int = 0):  # fmt: skip
+    """Returns (trained head with its held-out accuracy, training summary)."""
+    torch.manual_seed(seed)
+    head = new_head(teacher, draft_vocabulary(train_tokens, teacher.vocab, draft_vocab))
+    for p in teacher.model.parameters():
+        p.requires_grad_(False)
+    summary = fit(head, eagle_loss(head, teacher, ttt_steps), train_tokens, steps=steps,
+                  batch=batch, context=context, lr=lr, run_dir=run_dir, desc="eagle",
+                  seed=seed)  # fmt: skip
+    head.info["accuracy"] = measure(head, teacher, val_tokens, ttt_steps)
+    return head, summary

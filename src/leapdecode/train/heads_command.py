@@ -1,0 +1,198 @@
+"""`leapdecode train medusa | eagle`: speculator heads for a trained target, with a model card.
+
+    leapdecode train medusa --target models/leap-code-target --out models/leap-code-target-medusa
+    leapdecode train eagle  --target models/leap-code-target --out models/leap-code-target-eagle
+
+Both train against the target's own outputs on the training split of the corpus (or on
+`--tokens F.npy`, e.g. the target's own continuations from `train selfgen`), resumably
+(rerun the same command after an interruption), then measure the heads on held-out files
+and through the engine (mean accepted tokens per target forward on validation prompts),
+and write `README.md` (the model card) beside the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from ..errors import LeapDecodeError
+
+EVAL_KS = (4, 8, 16)
+
+
+def add_parsers(what, data_args) -> None:
+    for kind, helptext in (("medusa", "Medusa-1 heads on the target's last hidden state"),
+                           ("eagle", "an EAGLE-3-style draft head on the target's features")):  # fmt: skip
+        p = what.add_parser(kind, help=helptext + " (self-distillation)")
+        data_args(p)
+        p.add_argument("--target", required=True, help="trained target folder (frozen teacher)")
+        p.add_argument("--out", required=True, help=f"output folder (e.g. <target>-{kind})")
+        p.add_argument(
+            "--run-dir", default=None, help="checkpoints (default ~/.cache/leapdecode/runs/NAME)"
+        )
+        p.add_argument("--tokens", default=None, help="train on this token stream (.npy)")
+        p.add_argument("--steps", type=int, default=1500)
+        p.add_argument("--batch", type=int, default=8)
+        p.add_argument("--context", type=int, default=256, help="window length in tokens")
+        p.add_argument("--lr", type=float, default=3e-3 if kind == "medusa" else 2e-3)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--threads", type=int, default=0)
+        p.add_argument("--eval-prompts", type=int, default=8,
+                       help="validation prompts for the measured acceptance (0: skip)")  # fmt: skip
+        if kind == "medusa":
+            p.add_argument("--heads", type=int, default=4, help="Medusa heads (tokens ahead)")
+        else:
+            p.add_argument("--draft-vocab", type=int, default=2048,
+                           help="the head drafts only the N most frequent tokens")  # fmt: skip
+            p.add_argument("--ttt-steps", type=int, default=4,
+                           help="training-time test: draft steps unrolled per position")  # fmt: skip
+
+
+def _check(args) -> None:
+    if args.steps < 1 or args.batch < 1 or args.context < 8 or args.lr <= 0:
+        raise LeapDecodeError("--steps and --batch must be >= 1, --context >= 8, --lr > 0")
+    if not 1 <= getattr(args, "heads", 1) <= 16:
+        raise LeapDecodeError("--heads must be in 1..16")
+    if not 1 <= getattr(args, "ttt_steps", 1) <= 16:
+        raise LeapDecodeError("--ttt-steps must be in 1..16")
+    if getattr(args, "draft_vocab", 16) < 16:
+        raise LeapDecodeError("--draft-vocab must be >= 16")
+    if not os.path.isfile(os.path.join(args.target, "config.json")):
+        raise LeapDecodeError(f"--target {args.target!r} is not a model folder (no config.json)")
+
+
+def _tokens(args, teacher_path: str):
+    from .commands import RUNS, _corpus, _load_tokenizer
+    from .data import load_or_encode
+
+    tokenizer = _load_tokenizer(teacher_path)
+    root, files = _corpus(args)
+    cache = os.path.join(RUNS, "corpus-" + os.path.basename(os.path.abspath(teacher_path)))
+    train = load_or_encode(tokenizer, root, files, "train", cache)
+    val = load_or_encode(tokenizer, root, files, "validation", cache)
+    if args.tokens:  # measured on its own last 5%: the data the heads will see
+        if not os.path.isfile(args.tokens):
+            raise LeapDecodeError(f"--tokens {args.tokens!r} not found")
+        stream = np.load(args.tokens)
+        cut = len(stream) - max(len(stream) // 20, args.context + 2)
+        if cut < args.context + 2:
+            raise LeapDecodeError(
+                f"--tokens {args.tokens!r} is too short for --context {args.context}"
+            )
+        train, val = stream[:cut], stream[cut:]
+    return train, val
+
+
+def measured_acceptance(target: str, out: str, kind: str, n_prompts: int) -> dict:
+    """Mean accepted tokens per target forward (greedy) on validation prompts, by k."""
+    from ..api import LeapDecoder
+    from .evaluate import _manifest, validation_files, validation_prompts
+
+    if n_prompts <= 0:
+        return {}
+    try:
+        files = validation_files(_manifest(target))
+    except LeapDecodeError as e:
+        print(f"(no acceptance measured: {e})")
+        return {}
+    dec = LeapDecoder.from_pretrained(target, speculators=[out], dtype="float32")
+    prompts = validation_prompts(dec.tokenizer, files, n_prompts)
+    result = {}
+    for k in EVAL_KS:
+        res = dec.generate_batch(prompts, method=kind, k=k, max_new_tokens=96)
+        steps = sum(r.stats.decode_steps for r in res)
+        emitted = sum(r.stats.accepted for r in res) + steps
+        result[f"k{k}"] = round(emitted / max(1, steps), 3)
+    return {"mean_accepted_tokens": result, "prompts": len(prompts), "max_new_tokens": 96}
+
+
+def cmd_heads(args) -> int:
+    import torch
+
+    from .teacher import Teacher
+
+    _check(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    kind = args.what
+    run_dir = args.run_dir or os.path.join(
+        os.path.expanduser("~"),
+        ".cache",
+        "leapdecode",
+        "runs",
+        os.path.basename(os.path.abspath(args.out)),
+    )
+    teacher = Teacher(args.target)
+    train, val = _tokens(args, args.target)
+    common = dict(steps=args.steps, batch=args.batch, context=args.context, lr=args.lr,
+                  run_dir=run_dir, seed=args.seed)  # fmt: skip
+    if kind == "medusa":
+        from .medusa import train_medusa
+
+        heads, summary = train_medusa(teacher, train, val, num_heads=args.heads, **common)
+        accuracy = {"top1_by_head": [round(a[0], 4) for a in heads.accuracy],
+                    "top5_by_head": [round(sum(a[:5]), 4) for a in heads.accuracy]}  # fmt: skip
+    else:
+        from .eagle import train_eagle
+
+        heads, summary = train_eagle(teacher, train, val, draft_vocab=args.draft_vocab,
+                                     ttt_steps=args.ttt_steps, **common)  # fmt: skip
+        accuracy = heads.info.pop("accuracy")
+    summary["data"] = args.tokens or "the corpus training split"
+    heads.info.update({"target": os.path.basename(os.path.abspath(args.target)),
+                       "training": summary})  # fmt: skip
+    heads.save(args.out, extra={"accuracy": accuracy})
+    acceptance = measured_acceptance(args.target, args.out, kind, args.eval_prompts)
+    report = {"kind": kind, "accuracy": accuracy, "acceptance": acceptance, "training": summary}
+    with open(os.path.join(args.out, "evaluation.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    write_card(args.out, report)
+    print(f"{kind} saved to {args.out}: accuracy {accuracy}; acceptance {acceptance}")
+    return 0
+
+
+def write_card(out: str, report: dict) -> None:
+    kind, acc, t = report["kind"], report["accuracy"], report["training"]
+    title = {"medusa": "Medusa-1 heads", "eagle": "EAGLE-3-style draft head"}[kind]
+    lines = [f"# {title} for `{os.path.basename(out).rsplit('-', 1)[0]}`", "",
+             "Trained by `leapdecode train " + kind + "` against the frozen target's own "
+             "outputs (self-distillation: its hidden states and next-token distributions).", "",
+             "| | |", "|---|---|",
+             f"| data | {t['data']} |",
+             f"| steps x batch x context | {t['steps']} x {t['batch']} x {t['context']} "
+             f"({t['tokens_seen'] / 1e6:.2f} M tokens) |",
+             f"| training time | {t['train_seconds'] / 60:.1f} min on this machine's CPU |",
+             f"| final training loss | {t['final_loss']:.3f} |", ""]  # fmt: skip
+    if kind == "medusa":
+        lines += ["Held-out accuracy (teacher-forced: the head's token equals the target's "
+                  "greedy token there):", "", "| head (tokens ahead) | top-1 | top-5 |",
+                  "|---|---|---|"]  # fmt: skip
+        for i, (a1, a5) in enumerate(zip(acc["top1_by_head"], acc["top5_by_head"], strict=True)):
+            lines.append(f"| {i + 1} (t+{i + 2}) | {a1:.3f} | {a5:.3f} |")
+    else:
+        lines += ["Held-out accuracy by draft depth (each depth drafts from the head's own "
+                  "features of the depth before, as at inference; the head's token equals "
+                  "the target's greedy token):", "", "| depth | top-1 | top-4 |",
+                  "|---|---|---|"]  # fmt: skip
+        for j, (a1, a4) in enumerate(zip(acc["top1_by_depth"], acc["top4_by_depth"], strict=True)):
+            lines.append(f"| {j + 1} | {a1:.3f} | {a4:.3f} |")
+        lines += ["", f"Draft vocabulary covers {acc['draft_vocab_coverage']:.1%} of the "
+                  "target's greedy tokens on held-out text."]  # fmt: skip
+    a = report.get("acceptance") or {}
+    if a:
+        lines += ["", f"Measured through the engine (greedy, {a['prompts']} validation "
+                  f"prompts, {a['max_new_tokens']} new tokens): mean accepted tokens per "
+                  "target forward, bonus token included:", "",
+                  "| tree size k | " + " | ".join(k[1:] for k in a["mean_accepted_tokens"]) + " |",
+                  "|---" * (1 + len(a["mean_accepted_tokens"])) + "|",
+                  "| accepted / forward | " + " | ".join(
+                      f"{v:.2f}" for v in a["mean_accepted_tokens"].values()) + " |"]  # fmt: skip
+    lines += ["", "Use: `leapdecode generate --method " + kind + " --k 16 \"def parse(line):\"` "
+              "(found beside the target; or `--speculator PATH`).", ""]  # fmt: skip
+    if kind == "eagle":
+        lines += ["Export for vLLM: `leapdecode export --format speculators --speculator "
+                  f"{out} --out DIR`.", ""]  # fmt: skip
+    with open(os.path.join(out, "README.md"), "w") as f:
+        f.write("\n".join(lines))

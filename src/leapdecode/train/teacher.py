@@ -1,0 +1,128 @@
+"""Training speculator heads against the target itself (self-distillation), resumably.
+
+`Teacher` runs the frozen target (transformers, float32) on a batch of windows and returns
+what a head learns from: its hidden states and its next-token distributions, computed on
+the fly (nothing cached to disk; on this CPU the teacher's forward is cheap next to the
+heads' backward). `fit` is the loop both head kinds share: AdamW with warmup and cosine
+decay, a checkpoint (heads, optimizer, step) written atomically every `checkpoint_every`
+steps, batches a pure function of (seed, step) so a killed run continues where it stopped,
+a progress bar, and `log.jsonl` in the run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ..errors import LeapDecodeError
+from .data import batch_at
+
+
+class Teacher:
+    def __init__(self, path: str) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        cfg = self.model.config
+        self.config = cfg
+        self.hidden = int(cfg.hidden_size)
+        self.layers = int(cfg.num_hidden_layers)
+        self.vocab = int(self.model.get_output_embeddings().weight.shape[0])
+
+    @torch.no_grad()
+    def run(self, tokens: torch.Tensor, layers: tuple[int, ...] = ()):
+        """tokens [B, T] -> (aux [B, T, len(layers), H] residual stream entering each layer,
+        final [B, T, H] after the final norm, logits [B, T, V])."""
+        if any(not 0 <= i < self.layers for i in layers):
+            raise LeapDecodeError(f"aux layers must be inputs of layers 0..{self.layers - 1}")
+        out = self.model(input_ids=tokens, output_hidden_states=True)
+        hs = out.hidden_states  # embeddings, then each layer's output (the last one normed)
+        aux = torch.stack([hs[i] for i in layers], dim=2) if layers else None
+        return aux, hs[-1], out.logits.float()
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(tokens)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The target's LM head (frozen; gradients flow to x)."""
+        return self.model.get_output_embeddings()(x)
+
+
+def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def fit(module: torch.nn.Module, loss_step: Callable, tokens: np.ndarray, *, steps: int,
+        batch: int, context: int, lr: float, run_dir: str, desc: str, seed: int = 0,
+        checkpoint_every: int = 25, log_every: int = 25) -> dict:  # fmt: skip
+    """Train `module` in place: loss_step(batch [B, context + 1] long) -> (loss, {metric})."""
+    if len(tokens) < context + 2:
+        raise LeapDecodeError(
+            f"{len(tokens)} training tokens cannot fill one window of {context}: lower --context"
+        )
+    os.makedirs(run_dir, exist_ok=True)
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    ckpt = os.path.join(run_dir, "checkpoint.pt")
+    start, log = 0, []
+    if os.path.isfile(ckpt):
+        state = torch.load(ckpt, weights_only=False)
+        module.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start, log = state["step"], state["log"]
+        tqdm.write(f"resuming {desc} from step {start} ({ckpt})")
+    torch.manual_seed(seed + start)
+    warmup = max(1, steps // 20)
+    log_file = open(os.path.join(run_dir, "log.jsonl"), "a")
+    elapsed = sum(e.get("step_s", 0.0) for e in log)
+    bar = tqdm(range(start, steps), initial=start, total=steps, desc=desc, unit="step")
+    module.train()
+    for step in bar:
+        t0 = time.perf_counter()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr, warmup)
+        b = torch.from_numpy(batch_at(tokens, step, batch, context, seed))
+        loss, metrics = loss_step(b)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        dt = time.perf_counter() - t0
+        elapsed += dt
+        loss = float(loss.detach())
+        entry = {"step": step + 1, "loss": loss, "step_s": dt, **metrics}
+        log.append(entry)
+        log_file.write(json.dumps(entry) + "\n")
+        log_file.flush()
+        shown = {k: f"{v:.2f}" for k, v in list(metrics.items())[:3]}
+        bar.set_postfix(loss=f"{loss:.3f}", **shown)
+        if (step + 1) % log_every == 0:
+            tqdm.write(f"{desc} step {step + 1}: loss {loss:.3f} "
+                       + " ".join(f"{k} {v:.3f}" for k, v in metrics.items()))  # fmt: skip
+        if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
+            tmp = ckpt + ".tmp"
+            torch.save({"model": module.state_dict(), "opt": opt.state_dict(),
+                        "step": step + 1, "log": log}, tmp)  # fmt: skip
+            os.replace(tmp, ckpt)
+    log_file.close()
+    module.eval()
+    return {"steps": steps, "batch": batch, "context": context, "lr": lr,
+            "tokens_seen": steps * batch * context, "train_seconds": round(elapsed, 1),
+            "final_loss": log[-1]["loss"] if log else None}  # fmt: skip
+
+
+def soft_ce(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of logits [N, V] against a distribution probs [N, V], mean over N."""
+    return -(probs * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
