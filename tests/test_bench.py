@@ -66,8 +66,12 @@ def test_quick_bench_writes_table_json_and_plots(tmp_path, capsys):
     data = json.loads((out / "results.json").read_text())
     cells = data["cells"]
     names = {c["name"] for c in cells}
+    from leapdecode.models.heads import beside
+    from leapdecode.paths import TARGET_NAME, default_model
+
+    heads = {os.path.basename(p).rsplit("-", 1)[1] for p in beside(default_model(TARGET_NAME))}
     assert names == {"none", "draft", "ngram", "ngram-tree", "suffix", "suffix-tree", "lookahead",
-                     "hf-generate", "hf-assisted", "hf-lookup"}  # fmt: skip
+                     "hf-generate", "hf-assisted", "hf-lookup", *heads}  # fmt: skip
     assert {c["category"] for c in cells} == set(workloads.CATEGORIES)
     for c in cells:
         assert c["tokens_per_s"] > 0

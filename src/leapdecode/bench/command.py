@@ -75,6 +75,10 @@ def add_parsers(sub, model_args) -> None:
                      help="node budgets for the tree modes (ngram-tree, suffix-tree)")  # fmt: skip
     run.add_argument("--lookahead", default="2x3x2,3x3x3,4x3x2,3x4x3", metavar="WxNxG,...",
                      help="lookahead settings: window W x n-gram size N x candidates G")  # fmt: skip
+    run.add_argument("--medusa-k", default="8,16",
+                     help="tree sizes for medusa (when the target has heads)")  # fmt: skip
+    run.add_argument("--eagle-k", default="8,16",
+                     help="tree sizes for eagle (when the target has a head)")  # fmt: skip
     run.add_argument(
         "--peer-draft-k", default=None, help="k for assisted generation (default: --draft-k)"
     )
@@ -84,7 +88,8 @@ def add_parsers(sub, model_args) -> None:
     run.add_argument("--no-peers", action="store_true", help="skip the transformers peers")
     run.add_argument("--methods", default=None,
                      help="only these, comma-separated (none, draft, ngram, ngram-tree, suffix, "
-                     "suffix-tree, lookahead, hf-generate, hf-assisted, hf-lookup)")  # fmt: skip
+                     "suffix-tree, lookahead, medusa, eagle, hf-generate, hf-assisted, "
+                     "hf-lookup)")  # fmt: skip
     from .serve import add_parser as add_serve
     from .serve import add_soak_parser
 
@@ -137,6 +142,7 @@ def cmd_run(args) -> int:
     draft_ks, ngram_ks = _ks(args.draft_k, "--draft-k"), _ks(args.ngram_k, "--ngram-k")
     suffix_ks, tree_ks = _ks(args.suffix_k, "--suffix-k"), _ks(args.tree_k, "--tree-k")
     lookaheads = _wngs(args.lookahead)
+    medusa_ks, eagle_ks = _ks(args.medusa_k, "--medusa-k"), _ks(args.eagle_k, "--eagle-k")
     peer_ks = {
         "draft": _ks(args.peer_draft_k, "--peer-draft-k") if args.peer_draft_k else draft_ks,
         "ngram": _ks(args.peer_ngram_k, "--peer-ngram-k") if args.peer_ngram_k else ngram_ks,
@@ -146,6 +152,7 @@ def cmd_run(args) -> int:
         per_cat, repeats, cap = 2, 1, 32
         draft_ks, ngram_ks = draft_ks[len(draft_ks) // 2 : len(draft_ks) // 2 + 1], ngram_ks[:1]
         suffix_ks, tree_ks, lookaheads = suffix_ks[:1], tree_ks[:1], lookaheads[:1]
+        medusa_ks, eagle_ks = medusa_ks[:1], eagle_ks[:1]
         peer_ks = {"draft": draft_ks, "ngram": ngram_ks}
     sets = workloads.load(args.prompts, cats)
     if per_cat is not None:
@@ -158,8 +165,11 @@ def cmd_run(args) -> int:
         draft_vocab=args.draft_vocab, threads=args.threads, speculators=args.speculator,
     )  # fmt: skip
     peers = None if args.no_peers else HFPeers(target, draft, args.dtype, args.draft_dtype)
+    heads = dec.engine.proposers
     methods = runner.method_list(draft_ks, ngram_ks, peer_ks, draft is not None, peers is not None,
-                                 tree_ks, suffix_ks, lookaheads)  # fmt: skip
+                                 tree_ks, suffix_ks, lookaheads,
+                                 medusa_ks if "medusa" in heads else (),
+                                 eagle_ks if "eagle" in heads else ())  # fmt: skip
     if args.methods:
         keep = {m.strip() for m in args.methods.split(",") if m.strip()}
         unknown = keep - {*runner.OURS, *runner.PEERS}
@@ -167,7 +177,8 @@ def cmd_run(args) -> int:
             raise LeapDecodeError(f"unknown method {sorted(unknown)[0]!r} in --methods")
         methods = [m for m in methods if m.name in keep]
     costs = runner.measure_costs(dec, sorted({*draft_ks, *ngram_ks, *suffix_ks, *tree_ks,
-                                               *(m.k for m in methods if m.name == "lookahead")}))  # fmt: skip
+                                               *(m.k for m in methods if m.name in
+                                                 ("lookahead", "medusa", "eagle"))}))  # fmt: skip
     t0 = time.perf_counter()
     if not 0 <= args.draft_min_prob < 1:
         raise LeapDecodeError("--draft-min-prob must be in [0, 1)")
@@ -259,6 +270,13 @@ def cmd_serve(args) -> int:
     args.draft_k, args.ngram_k = _ks(args.draft_k, "--draft-k"), _ks(args.ngram_k, "--ngram-k")
     args.suffix_k = _ks(args.suffix_k, "--suffix-k") if args.suffix_k else []
     args.lookahead = _wngs(args.lookahead) if args.lookahead else []
+    if not 1 <= args.heads_k <= MAX_K:
+        raise LeapDecodeError(f"--heads-k must be in 1..{MAX_K}")
+    bad = [h for h in args.heads.split(",") if h and h not in ("auto", "medusa", "eagle")]
+    if bad:
+        raise LeapDecodeError(
+            f"--heads takes medusa, eagle (comma-separated) or auto, not {bad[0]!r}"
+        )
     for flag in ("rounds", "requests_per_client", "requests_min"):
         if getattr(args, flag) < 1:
             raise LeapDecodeError(f"--{flag.replace('_', '-')} must be >= 1")

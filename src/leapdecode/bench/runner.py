@@ -22,13 +22,23 @@ COUNTERPART = {"none": "hf-generate", "draft": "hf-assisted", "ngram": "hf-looku
 PEERS = tuple(COUNTERPART.values())
 
 
-OURS = ("none", "draft", "ngram", "ngram-tree", "suffix", "suffix-tree", "lookahead")
+OURS = (
+    "none",
+    "draft",
+    "ngram",
+    "ngram-tree",
+    "suffix",
+    "suffix-tree",
+    "lookahead",
+    "medusa",
+    "eagle",
+)
 
 
 @dataclass(frozen=True)
 class Method:
-    # none | draft | ngram | ngram-tree | suffix | suffix-tree | lookahead | hf-generate |
-    # hf-assisted | hf-lookup ("-tree": the method with use_tree_spec)
+    # none | draft | ngram | ngram-tree | suffix | suffix-tree | lookahead | medusa | eagle |
+    # hf-generate | hf-assisted | hf-lookup ("-tree": the method with use_tree_spec)
     name: str
     k: int = 0  # draft tokens (tree methods: nodes) per step
     opts: tuple = ()  # further SpecConfig fields, as (name, value) pairs
@@ -89,8 +99,9 @@ class Record:
 
 
 def method_list(draft_ks, ngram_ks, peer_ks, with_draft: bool, with_peers: bool,
-                tree_ks=(), suffix_ks=(), lookaheads=()) -> list[Method]:  # fmt: skip
-    """lookaheads: (W, N, G) triples."""
+                tree_ks=(), suffix_ks=(), lookaheads=(), medusa_ks=(),
+                eagle_ks=()) -> list[Method]:  # fmt: skip
+    """lookaheads: (W, N, G) triples; medusa_ks / eagle_ks: tree sizes (empty: no heads)."""
     methods = [Method("none")]
     if with_draft:
         methods += [Method("draft", k) for k in draft_ks]
@@ -99,6 +110,8 @@ def method_list(draft_ks, ngram_ks, peer_ks, with_draft: bool, with_peers: bool,
     methods += [Method("suffix", k) for k in suffix_ks]
     methods += [Method("suffix-tree", k) for k in tree_ks]
     methods += [lookahead(*wng) for wng in lookaheads]
+    methods += [Method("medusa", k) for k in medusa_ks]
+    methods += [Method("eagle", k) for k in eagle_ks]
     if with_peers:
         methods.append(Method("hf-generate"))
         if with_draft:

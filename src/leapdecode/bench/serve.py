@@ -40,7 +40,9 @@ class Config:
 
 
 def configs(has_draft: bool, draft_ks: list[int], ngram_ks: list[int], suffix_ks=(),
-            lookaheads=()) -> list[Config]:  # fmt: skip
+            lookaheads=(), heads=(), heads_k: int = 16) -> list[Config]:  # fmt: skip
+    """heads: the speculator kinds the server has (medusa, eagle), verified as trees of
+    heads_k nodes."""
     out = [Config("none", {"method": "none"})]
     if has_draft:
         out += [Config(f"draft k={k}", {"method": "draft", "num_speculative_tokens": k})
@@ -54,6 +56,8 @@ def configs(has_draft: bool, draft_ks: list[int], ngram_ks: list[int], suffix_ks
                 "lookahead_max_candidates": g}  # fmt: skip
         spec["num_speculative_tokens"] = SpecConfig(**spec).k  # the tree's size
         out.append(Config(f"lookahead W{w} N{n} G{g}", spec))
+    out += [Config(f"{kind} k={heads_k}", {"method": kind, "num_speculative_tokens": heads_k})
+            for kind in heads]  # fmt: skip
     method = "draft" if has_draft else "ngram"
     out.append(Config(f"{method} static table", {"method": method, "num_speculative_tokens": 4,
                                                  "num_speculative_tokens_per_batch_size": STATIC_TABLE}))  # fmt: skip
@@ -158,6 +162,8 @@ def start_server(args, port: int) -> subprocess.Popen:
         v = getattr(args, flag)
         if v is not None:
             cmd += ["--" + flag.replace("_", "-"), str(v)]
+    for path in args.speculator or ():
+        cmd += ["--speculator", path]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -170,6 +176,19 @@ def start_server(args, port: int) -> subprocess.Popen:
             time.sleep(0.5)
     proc.kill()
     raise LeapDecodeError("the server did not answer /health within 300 s")
+
+
+def _heads(args) -> list[str]:
+    """The speculator kinds to load-test: --heads, or (auto) those the local server loads."""
+    if args.heads != "auto":
+        return [h for h in args.heads.split(",") if h]
+    if args.url is not None:
+        return []
+    from ..models.heads import beside, kind_of
+    from ..paths import resolve_models
+
+    paths = args.speculator or beside(resolve_models(args.target, None)[0])
+    return sorted(kind_of(p) for p in paths)
 
 
 def cmd_serve_bench(args) -> int:
@@ -198,7 +217,8 @@ def cmd_serve_bench(args) -> int:
         info = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]
         model = info["id"]
         has_draft = not args.no_draft
-        cfgs = configs(has_draft, args.draft_k, args.ngram_k, args.suffix_k, args.lookahead)
+        cfgs = configs(has_draft, args.draft_k, args.ngram_k, args.suffix_k, args.lookahead,
+                       _heads(args), args.heads_k)  # fmt: skip
         if args.configs:
             keep = set(args.configs.split(","))
             cfgs = [c for c in cfgs if c.label.split(" ")[0] in keep or c.label in keep]
@@ -365,6 +385,10 @@ def add_parser(what, model_args, prompts_dir: str) -> None:
     sv.add_argument("--ngram-k", default="4,8")
     sv.add_argument("--suffix-k", default="16")
     sv.add_argument("--lookahead", default="3x3x3", metavar="WxNxG,...")
+    sv.add_argument("--heads", default="auto",
+                    help="speculator kinds to test (medusa,eagle; default auto: those the "
+                    "local server loads; none with --url)")  # fmt: skip
+    sv.add_argument("--heads-k", type=int, default=16, help="tree size for medusa and eagle")
     sv.add_argument("--configs", default=None,
                     help="only these (none,draft,ngram,suffix,lookahead,auto,...)")  # fmt: skip
     sv.add_argument("--rounds", type=int, default=2)
