@@ -101,8 +101,8 @@ def test_eagle_chain_matches_a_plain_recomputation(dec, hf_target):
     seen = []
     grow = prop._grow
 
-    def spy(seqs, budgets):
-        trees = grow(seqs, budgets)
+    def spy(seqs, budgets, top_k, depth):
+        trees = grow(seqs, budgets, top_k, depth)
         seen.append((list(seqs[0].tokens), trees[0]))
         return trees
 
@@ -174,6 +174,28 @@ def test_mixed_methods_share_steps(dec, prompts, reference, hf_target):
     assert_lossless(prompts[:4], outs, reference[:4], hf_target)
 
 
+def test_each_request_keeps_its_own_eagle_tree_shape(dec, prompts, reference, hf_target):
+    prop = dec.engine.proposers["eagle"]
+    grow, shapes = prop._grow, []
+
+    def spy(seqs, budgets, top_k, depth):
+        shapes.append((len(seqs), top_k, depth))
+        return grow(seqs, budgets, top_k, depth)
+
+    prop._grow = spy
+    try:
+        seqs = [dec.request(p, method="eagle", k=8, max_new_tokens=MAX_NEW,
+                            speculative_num_steps=1 + i % 2 * 3,
+                            speculative_eagle_topk=1 + i % 2 * 3)
+                for i, p in enumerate(prompts[:6])]  # fmt: skip
+        for _ in dec._run(seqs):
+            pass
+    finally:
+        prop._grow = grow
+    assert shapes[0] == (3, 1, 1) and shapes[1] == (3, 4, 4)
+    assert_lossless(prompts[:6], [s.output for s in seqs], reference[:6], hf_target)
+
+
 def test_errors_say_what_to_do(target_dir, tmp_path, heads):
     bare = LeapDecoder.from_pretrained(target_dir, speculators=[])
     with pytest.raises(LeapDecodeError, match="--speculator"):
@@ -184,6 +206,16 @@ def test_errors_say_what_to_do(target_dir, tmp_path, heads):
         LeapDecoder.from_pretrained(target_dir, speculators=[str(tmp_path)])
     with pytest.raises(LeapDecodeError, match="speculative_num_steps"):
         bare.request("x", method="eagle", speculative_num_steps=0)
+    # a run folder of another head kind or settings is refused, not silently resumed
+    argv = ["train", "medusa", "--target", target_dir, "--out", str(tmp_path / "m"),
+            "--run-dir", heads[0] + "-run", "--heads", "2", "--steps", "60", "--batch", "4",
+            "--context", "64", "--eval-prompts", "0", "--data", os.path.dirname(heads[0])
+            + "/corpus", "--val-percent", "20"]  # fmt: skip
+    threads = torch.get_num_threads()
+    try:
+        assert main(argv) == 2
+    finally:
+        torch.set_num_threads(threads)
 
 
 # --------------------------------------------------------------------------- export
@@ -216,9 +248,23 @@ def _rms(x, w, eps):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def test_export_matches_the_documented_schema_and_computes_the_same(heads, target_dir, tmp_path):
+def test_export_refuses_a_head_vllm_cannot_run(heads, target_dir, tmp_path, capsys):
+    # the 2-layer test target leaves one distinct aux layer; vLLM's EAGLE-3 reads three
+    assert main(["export", "--speculator", heads[1], "--target", target_dir,
+                 "--out", str(tmp_path / "x")]) == 2  # fmt: skip
+    assert "three distinct target layers" in capsys.readouterr().err
+
+
+def test_export_matches_the_documented_schema_and_computes_the_same(tmp_path, tok_dir):
+    from leapdecode.train.eagle import new_head
+    from leapdecode.train.teacher import Teacher
+
+    target_dir = str(tmp_path / "target4")
+    helpers.make_llama(target_dir, seed=5, tokenizer_dir=tok_dir, num_hidden_layers=4)
+    head_dir = str(tmp_path / "target4-eagle")
+    new_head(Teacher(target_dir), torch.arange(0, helpers.VOCAB, 3)).save(head_dir)
     out = str(tmp_path / "export")
-    assert main(["export", "--format", "speculators", "--speculator", heads[1], "--target",
+    assert main(["export", "--format", "speculators", "--speculator", head_dir, "--target",
                  target_dir, "--out", out, "--dtype", "float32"]) == 0  # fmt: skip
     cfg = json.load(open(os.path.join(out, "config.json")))
     assert cfg["speculators_model_type"] == "eagle3"
@@ -230,7 +276,8 @@ def test_export_matches_the_documented_schema_and_computes_the_same(heads, targe
     assert sc["proposal_methods"][0]["proposal_type"] == "greedy"
     assert sc["proposal_methods"][0]["speculative_tokens"] >= 1
     assert sc["verifier"]["name_or_path"] and sc["verifier"]["architectures"]
-    head = Eagle3Head.load(heads[1])
+    head = Eagle3Head.load(head_dir)
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
     assert cfg["draft_vocab_size"] == head.draft_vocab_size
     assert cfg["target_hidden_size"] == head.target_hidden
     assert cfg["eagle_aux_hidden_state_layer_ids"] == list(head.aux_layers)

@@ -16,7 +16,7 @@ from .engine import Engine
 from .errors import LeapDecodeError
 from .metrics import RequestStats
 from .models import CausalLM, load_model
-from .models.heads import beside, load_heads
+from .models.heads import beside, load_found, load_heads
 from .proposers.draft_model import read_vocab_ranking
 from .sequence import Sequence
 from .threads import set_threads
@@ -146,10 +146,11 @@ class LeapDecoder:
             _check_same_vocab(target, tokenizer, draft)
         ranking = read_vocab_ranking(draft)
         if speculators is None:  # found beside the target: used where they can run
-            paths = beside(target) if target_model.name == "native" else []
+            found = beside(target) if target_model.name == "native" else []
+            heads = load_found(found, target_model)
         else:
             paths = [speculators] if isinstance(speculators, str) else list(speculators)
-        heads = load_heads(paths, target_model)
+            heads = load_heads(paths, target_model)
         return cls(target_model, tokenizer, _eos_ids(target, target_model.config), draft_model,
                    ranking, draft_vocab, max_num_seqs, suffix_decoding_max_tree_depth,
                    suffix_decoding_max_cached_requests, heads)  # fmt: skip

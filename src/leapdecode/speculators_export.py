@@ -67,6 +67,12 @@ def export_speculators(head_dir: str, target_dir: str, out: str, verifier: str |
             f"the head was trained on a target of hidden size {head.target_hidden}, "
             f"{target_dir!r} has {target_cfg.get('hidden_size')}: pass the head's own target"
         )
+    aux = list(head.aux_layers)
+    if len(aux) != 3 or not 1 <= aux[0] < aux[1] < aux[2]:
+        raise LeapDecodeError(
+            f"vLLM's EAGLE-3 reads three distinct target layers in ascending order; this head "
+            f"reads {aux}: train it on a target of 4 or more layers (`leapdecode train eagle`)"
+        )
     if dtype not in ("bfloat16", "float16", "float32"):
         raise LeapDecodeError("--dtype must be bfloat16, float16 or float32")
     if not 1 <= speculative_tokens <= 16:

@@ -182,8 +182,8 @@ def _heads(args) -> list[str]:
     """The speculator kinds to load-test: --heads, or (auto) those the local server loads."""
     if args.heads != "auto":
         return [h for h in args.heads.split(",") if h]
-    if args.url is not None:
-        return []
+    if args.url is not None or args.backend != "native":
+        return []  # the server loads heads on the native backend only
     from ..models.heads import beside, kind_of
     from ..paths import resolve_models
 

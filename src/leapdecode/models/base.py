@@ -18,8 +18,9 @@ import torch
 class HiddenRequest:
     """Which hidden states a proposer needs from the target's forward (as transformers'
     `requires_model_outputs`): `layers` index the residual stream *entering* each layer
-    (0 = the embeddings, num_layers = after the last layer, before the final norm; the
-    same indices as transformers' `hidden_states` and vLLM's aux hidden state layer ids);
+    (0 = the embeddings; vLLM's aux hidden state layer ids and transformers'
+    `hidden_states[i]` for i < num_layers; num_layers = after the last layer, *before* the
+    final norm, where transformers' last entry is after it);
     `final`: the last hidden state after the final norm (what the LM head sees)."""
 
     layers: tuple[int, ...] = ()

@@ -35,11 +35,19 @@ CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 
 
-def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
-    """vLLM's and speculators' default: (2, L // 2, L - 3), kept inside 1..L-1 (the input
-    of some layer: vLLM captures aux states as layers start)."""
-    top = max(1, num_layers - 1)
-    return tuple(min(max(1, i), top) for i in (2, num_layers // 2, num_layers - 3))
+def default_aux_layers(num_layers: int) -> tuple[int, ...]:
+    """vLLM's and speculators' default, (2, L // 2, L - 3), when those are three distinct
+    layers (vLLM captures each layer's input once, in layer order); for shallower targets
+    three distinct layers spread over 1..L-1 (0, the embeddings, is never captured), or as
+    many as there are (fewer than three cannot be exported to vLLM)."""
+    want = (2, num_layers // 2, num_layers - 3)
+    if 1 <= want[0] < want[1] < want[2] <= num_layers - 1:
+        return want
+    top = num_layers - 1
+    if top < 1:
+        raise LeapDecodeError("an EAGLE head needs a target with at least 2 layers")
+    picks = sorted({round(1 + i * (top - 1) / 2) for i in range(3)})
+    return tuple(picks)
 
 
 class RMSNorm(nn.Module):

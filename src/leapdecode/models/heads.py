@@ -41,9 +41,23 @@ def kind_of(path: str) -> str:
     return kinds[arch]
 
 
+def load_found(paths: list[str], target: CausalLM) -> dict[str, object]:
+    """Heads found beside the target: the ones that fit are loaded; one that does not (say,
+    left from an earlier target) is skipped with a notice, so it never blocks other methods."""
+    import logging
+
+    out: dict[str, object] = {}
+    for path in paths:
+        try:
+            out.update(load_heads([path], target))
+        except LeapDecodeError as e:
+            logging.getLogger("leapdecode").warning("not loading %s: %s", path, e)
+    return out
+
+
 def load_heads(paths: list[str], target: CausalLM) -> dict[str, object]:
     """{"medusa": MedusaHeads, "eagle": Eagle3Head} from the given folders, checked against
-    the target (hidden size, vocabulary, layers)."""
+    the target (hidden size, vocabulary, layers, positions)."""
     from .eagle import Eagle3Head
     from .medusa import MedusaHeads
 
@@ -64,12 +78,14 @@ def load_heads(paths: list[str], target: CausalLM) -> dict[str, object]:
             heads = Eagle3Head.load(path)
             layers = int(target.config.num_hidden_layers)
             if (heads.target_hidden != hidden or heads.vocab_size > target.vocab_size
-                    or max(heads.aux_layers) >= layers):  # fmt: skip
+                    or max(heads.aux_layers) >= layers
+                    or heads.max_positions < target.max_context + 1):  # fmt: skip
                 raise LeapDecodeError(
                     f"the EAGLE head in {path!r} does not fit this target (target hidden "
                     f"{heads.target_hidden} vs {hidden}, vocabulary {heads.vocab_size} vs "
-                    f"{target.vocab_size}, layers {heads.aux_layers} vs {layers}): train "
-                    "a head for this target"
+                    f"{target.vocab_size}, layers {heads.aux_layers} vs {layers}, positions "
+                    f"{heads.max_positions} vs {target.max_context}): train a head for this "
+                    "target"
                 )
         out[kind] = heads
     if out and target.name != "native":

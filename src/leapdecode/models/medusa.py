@@ -102,6 +102,16 @@ class MedusaHeads(nn.Module):
         heads.accuracy = cfg.get("accuracy_by_rank") or []
         if cfg.get("tree"):
             heads.tree = [tuple(p) for p in cfg["tree"]]
+            seen: set[tuple[int, ...]] = set()
+            for p in heads.tree:
+                if (not p or len(p) > heads.num_heads or any(r < 0 for r in p)
+                        or (len(p) > 1 and p[:-1] not in seen) or p in seen):  # fmt: skip
+                    raise LeapDecodeError(
+                        f"the tree in {cfg_path} is not valid at {list(p)} (each path of "
+                        "ranks must follow its parent, once, within the heads): retrain with "
+                        "`leapdecode train medusa` or fix the list"
+                    )
+                seen.add(p)
         heads.info = {k: v for k, v in cfg.items() if k in ("target", "training")}
         return heads.eval()
 

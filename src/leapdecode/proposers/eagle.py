@@ -122,19 +122,21 @@ class EagleProposer(Proposer):
         rows = [i for i, (s, k) in enumerate(zip(seqs, ks, strict=True))
                 if k > 0 and self.pending.get(s.id)]  # fmt: skip
         out: list[tuple[list[int], list[int]]] = [([], [])] * len(seqs)
-        if rows:
-            active = [seqs[i] for i in rows]
-            trees = self._grow(active, [ks[i] for i in rows])
-            for j, i in enumerate(rows):
+        groups: dict[tuple[int, int], list[int]] = {}  # each request's own tree shape
+        for i in rows:
+            spec = seqs[i].spec
+            groups.setdefault((spec.speculative_eagle_topk, spec.speculative_num_steps),
+                              []).append(i)  # fmt: skip
+        for (top_k, depth), group in groups.items():
+            trees = self._grow([seqs[i] for i in group], [ks[i] for i in group], top_k, depth)
+            for j, i in enumerate(group):
                 out[i] = trees[j]
         return Drafts.from_trees(out)
 
-    def _grow(self, seqs: list[Sequence], budgets: list[int]):
-        """The draft trees (tokens, parents) of `seqs` (see the module notes)."""
+    def _grow(self, seqs: list[Sequence], budgets: list[int], top_k: int, depth: int):
+        """The draft trees (tokens, parents) of `seqs`, top_k nodes kept per depth, `depth`
+        depths (see the module notes)."""
         h = self.head
-        spec = seqs[0].spec
-        top_k = max(1, spec.speculative_eagle_topk)
-        depth = max(1, spec.speculative_num_steps)
         for s in seqs:
             s.stats.draft_forwards += depth  # the catch-up, then one per depth grown
         o, logp, cached = self._catch_up(seqs)  # [B, h], [B, Vd], [B]

@@ -101,14 +101,17 @@ def measure(head: Eagle3Head, teacher: Teacher, tokens: np.ndarray, steps: int,
 
 def train_eagle(teacher: Teacher, train_tokens, val_tokens, *, draft_vocab: int, ttt_steps: int,
                 steps: int, batch: int, context: int, lr: float, run_dir: str,
-                seed: int = 0):  # fmt: skip
+                seed: int = 0, stamp: dict | None = None):  # fmt: skip
     """Returns (trained head with its held-out accuracy, training summary)."""
+    import hashlib
+
     torch.manual_seed(seed)
     head = new_head(teacher, draft_vocabulary(train_tokens, teacher.vocab, draft_vocab))
-    for p in teacher.model.parameters():
-        p.requires_grad_(False)
+    vocab_digest = hashlib.sha256(head.draft_ids.numpy().tobytes()).hexdigest()[:16]
+    stamp = {**(stamp or {}), "kind": "eagle", "ttt_steps": ttt_steps,
+             "draft_vocab": vocab_digest}  # fmt: skip
     summary = fit(head, eagle_loss(head, teacher, ttt_steps), train_tokens, steps=steps,
                   batch=batch, context=context, lr=lr, run_dir=run_dir, desc="eagle",
-                  seed=seed)  # fmt: skip
+                  seed=seed, stamp=stamp)  # fmt: skip
     head.info["accuracy"] = measure(head, teacher, val_tokens, ttt_steps)
     return head, summary

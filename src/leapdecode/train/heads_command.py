@@ -124,10 +124,19 @@ def cmd_heads(args) -> int:
         "runs",
         os.path.basename(os.path.abspath(args.out)),
     )
+    from .teacher import fingerprint
+
     teacher = Teacher(args.target)
+    longest = int(teacher.config.max_position_embeddings)
+    if args.context + 1 > longest:
+        raise LeapDecodeError(
+            f"--context {args.context} needs windows of {args.context + 1} tokens; the "
+            f"target's context is {longest}: lower --context"
+        )
     train, val = _tokens(args, args.target)
+    stamp = fingerprint(args.target, tokens=args.tokens, tokens_len=len(train))
     common = dict(steps=args.steps, batch=args.batch, context=args.context, lr=args.lr,
-                  run_dir=run_dir, seed=args.seed)  # fmt: skip
+                  run_dir=run_dir, seed=args.seed, stamp=stamp)  # fmt: skip
     if kind == "medusa":
         from .medusa import train_medusa
 

@@ -60,14 +60,17 @@ def measure(heads: MedusaHeads, teacher: Teacher, tokens: np.ndarray, windows: i
 
 
 def train_medusa(teacher: Teacher, train_tokens, val_tokens, *, num_heads: int, steps: int,
-                 batch: int, context: int, lr: float, run_dir: str, seed: int = 0):  # fmt: skip
+                 batch: int, context: int, lr: float, run_dir: str, seed: int = 0,
+                 stamp: dict | None = None):  # fmt: skip
     """Returns (trained heads with accuracies and tree, training summary)."""
     from .teacher import fit
 
     torch.manual_seed(seed)
     heads = MedusaHeads(num_heads, teacher.hidden)
+    stamp = {**(stamp or {}), "kind": "medusa", "heads": num_heads}
     summary = fit(heads, medusa_loss(heads, teacher), train_tokens, steps=steps, batch=batch,
-                  context=context, lr=lr, run_dir=run_dir, desc="medusa", seed=seed)  # fmt: skip
+                  context=context, lr=lr, run_dir=run_dir, desc="medusa", seed=seed,
+                  stamp=stamp)  # fmt: skip
     heads.accuracy = measure(heads, teacher, val_tokens)
     heads.tree = build_tree(heads.accuracy)
     return heads, summary

@@ -64,10 +64,30 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def fingerprint(target: str, **settings) -> dict:
+    """What a run's checkpoint must agree with to be resumed: the target (its config and a
+    digest of its weight files' size and ends) and the head's settings."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(target)):
+        if name == "config.json" or name.endswith(".safetensors"):
+            path = os.path.join(target, name)
+            size = os.path.getsize(path)
+            digest.update(f"{name}:{size}".encode())
+            with open(path, "rb") as f:
+                digest.update(f.read(1 << 20))
+                f.seek(max(0, size - (1 << 20)))
+                digest.update(f.read())
+    return {"target": digest.hexdigest()[:16], **settings}
+
+
 def fit(module: torch.nn.Module, loss_step: Callable, tokens: np.ndarray, *, steps: int,
         batch: int, context: int, lr: float, run_dir: str, desc: str, seed: int = 0,
-        checkpoint_every: int = 25, log_every: int = 25) -> dict:  # fmt: skip
-    """Train `module` in place: loss_step(batch [B, context + 1] long) -> (loss, {metric})."""
+        checkpoint_every: int = 25, log_every: int = 25, stamp: dict | None = None) -> dict:  # fmt: skip
+    """Train `module` in place: loss_step(batch [B, context + 1] long) -> (loss, {metric}).
+    `stamp` (see `fingerprint`) is kept in the checkpoint; a run folder whose checkpoint
+    has another stamp is refused rather than resumed."""
     if len(tokens) < context + 2:
         raise LeapDecodeError(
             f"{len(tokens)} training tokens cannot fill one window of {context}: lower --context"
@@ -77,14 +97,22 @@ def fit(module: torch.nn.Module, loss_step: Callable, tokens: np.ndarray, *, ste
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     ckpt = os.path.join(run_dir, "checkpoint.pt")
     start, log = 0, []
+    stamp = {**(stamp or {}), "batch": batch, "context": context, "seed": seed}
     if os.path.isfile(ckpt):
         state = torch.load(ckpt, weights_only=False)
+        if state.get("stamp") != stamp:
+            raise LeapDecodeError(
+                f"{run_dir} holds a {desc} run for another target or other settings "
+                f"({state.get('stamp')} vs {stamp}): delete it or pass another --run-dir"
+            )
         module.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         start, log = state["step"], state["log"]
         tqdm.write(f"resuming {desc} from step {start} ({ckpt})")
     torch.manual_seed(seed + start)
     warmup = max(1, steps // 20)
+    with open(os.path.join(run_dir, "log.jsonl"), "w") as f:  # the checkpoint's log, then on
+        f.writelines(json.dumps(e) + "\n" for e in log)
     log_file = open(os.path.join(run_dir, "log.jsonl"), "a")
     elapsed = sum(e.get("step_s", 0.0) for e in log)
     bar = tqdm(range(start, steps), initial=start, total=steps, desc=desc, unit="step")
@@ -114,7 +142,7 @@ def fit(module: torch.nn.Module, loss_step: Callable, tokens: np.ndarray, *, ste
         if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
             tmp = ckpt + ".tmp"
             torch.save({"model": module.state_dict(), "opt": opt.state_dict(),
-                        "step": step + 1, "log": log}, tmp)  # fmt: skip
+                        "step": step + 1, "log": log, "stamp": stamp}, tmp)  # fmt: skip
             os.replace(tmp, ckpt)
     log_file.close()
     module.eval()
