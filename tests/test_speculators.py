@@ -92,10 +92,16 @@ def test_medusa_tree_is_the_best_prefix_closed_tree():
     assert all(p <= i for i, p in enumerate(parents))
 
 
-def test_eagle_chain_matches_a_plain_recomputation(dec, hf_target):
+@pytest.mark.parametrize("backlog", [256, 3])
+def test_eagle_chain_matches_a_plain_recomputation(dec, hf_target, monkeypatch, backlog):
     """With top_k = 1 the tree is the head's greedy chain. Recompute it from scratch (the
     target's features for the whole sequence, the head without any cache) at several
-    steps of a generation: the proposer's incremental cache must give the same chain."""
+    steps of a generation: the proposer's incremental cache must give the same chain.
+    backlog 3: features are fed as they come, not with the proposal (as for a sequence
+    that gets k = 0 for a while), and the proposal drafts from the kept root."""
+    import leapdecode.proposers.eagle as eagle_mod
+
+    monkeypatch.setattr(eagle_mod, "BACKLOG", backlog)
     prop = dec.engine.proposers["eagle"]
     head: Eagle3Head = prop.head
     seen = []

@@ -28,6 +28,8 @@ from ..models.eagle import Eagle3Head
 from ..sequence import Sequence, pad_right
 from .base import Drafts, Proposer
 
+BACKLOG = 256  # pending pairs past which a sequence's features are fed without a proposal
+
 
 class EagleProposer(Proposer):
     name = "eagle"
@@ -41,6 +43,7 @@ class EagleProposer(Proposer):
         self.v_cache: torch.Tensor | None = None
         self.fed: dict[int, int] = {}  # seq id -> pairs in its cache
         self.pending: dict[int, list[torch.Tensor]] = {}  # seq id -> [n, n_aux, H] features
+        self.root: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # seq id -> (o, log-probs)
 
     # ---------------------------------------------------------------- lifecycle
     def _ensure_slots(self, n_slots: int) -> None:
@@ -66,16 +69,22 @@ class EagleProposer(Proposer):
         for s, h in zip(seqs, hidden, strict=True):
             if h is not None and s.id in self.pending:
                 self.pending[s.id].append(h.float())
+        # rows that keep getting k = 0 (a busy batch) would pile up features: feed them now
+        backlog = [s for s in seqs if sum(len(x) for x in self.pending.get(s.id, ())) > BACKLOG]
+        if backlog:
+            with torch.inference_mode():
+                self._catch_up(backlog)
 
     def remove(self, seqs: list[Sequence]) -> None:
         for s in seqs:
             self.fed.pop(s.id, None)
             self.pending.pop(s.id, None)
+            self.root.pop(s.id, None)
 
     # ------------------------------------------------------------------ propose
-    def _catch_up(self, seqs: list[Sequence]):
-        """Feed every pending pair; returns (root output o [B, hidden], root log-probs
-        [B, Vd], cached pairs per row [B])."""
+    def _catch_up(self, seqs: list[Sequence]) -> None:
+        """Feed every pending pair of `seqs` (each has some) into the head's cache; keep
+        each row's output at its last pair (the root of its next tree) in `self.root`."""
         h = self.head
         dev = self.k_cache.device
         feats, toks = [], []
@@ -113,14 +122,15 @@ class EagleProposer(Proposer):
         o, logits = h.finish(g, q, keys, values, mask[:, None].to(dev))
         last = (counts - 1).to(dev)
         rows = torch.arange(b, device=dev)
-        for s, n in zip(seqs, counts.tolist(), strict=True):
+        o, logp = o[rows, last], logits[rows, last].log_softmax(-1)  # [B, h], [B, Vd]
+        for i, (s, n) in enumerate(zip(seqs, counts.tolist(), strict=True)):
             self.fed[s.id] += n
-        return o[rows, last], logits[rows, last].log_softmax(-1), start + counts
+            self.root[s.id] = (o[i], logp[i])
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Drafts:
         rows = [i for i, (s, k) in enumerate(zip(seqs, ks, strict=True))
-                if k > 0 and self.pending.get(s.id)]  # fmt: skip
+                if k > 0 and (self.pending.get(s.id) or s.id in self.root)]  # fmt: skip
         out: list[tuple[list[int], list[int]]] = [([], [])] * len(seqs)
         groups: dict[tuple[int, int], list[int]] = {}  # each request's own tree shape
         for i in rows:
@@ -139,7 +149,12 @@ class EagleProposer(Proposer):
         h = self.head
         for s in seqs:
             s.stats.draft_forwards += depth  # the catch-up, then one per depth grown
-        o, logp, cached = self._catch_up(seqs)  # [B, h], [B, Vd], [B]
+        fresh = [s for s in seqs if self.pending[s.id]]
+        if fresh:
+            self._catch_up(fresh)
+        o = torch.stack([self.root[s.id][0] for s in seqs])  # [B, h] output at the last pair
+        logp = torch.stack([self.root[s.id][1] for s in seqs])  # [B, Vd]
+        cached = torch.tensor([self.fed[s.id] for s in seqs])  # [B] pairs in the cache
         b, dev = len(seqs), o.device
         slots = torch.tensor([s.slot for s in seqs])
         base = self.k_cache[slots, :, : int(cached.max())]  # [B, H_kv, S, D] committed keys
