@@ -202,6 +202,36 @@ def test_each_request_keeps_its_own_eagle_tree_shape(dec, prompts, reference, hf
     assert_lossless(prompts[:6], [s.output for s in seqs], reference[:6], hf_target)
 
 
+@pytest.mark.parametrize("head", ["medusa", "eagle"])
+def test_auto_may_pick_the_heads_and_stays_lossless(dec, prompts, reference, hf_target, head,
+                                                    monkeypatch):  # fmt: skip
+    """auto weighs the heads' trees against n-grams, suffix and no drafts, step by step;
+    whatever it picks, the output is the target's. The tiny target's heads are poor and
+    an eagle step costs as much as its 2-layer target, so here the head under test starts
+    with a high acceptance prior (as if it had been good so far), the other with none, and
+    eagle's head steps are free."""
+    used = []
+    sched = dec.engine.scheduler
+    monkeypatch.setattr(sched, "_eagle_s", lambda *a: 0.0)
+    plan, prior = sched.plan, dict(sched.global_rate)
+    sched.global_rate.update(medusa=0.0, eagle=0.0)
+    sched.global_rate[head] = 0.99
+
+    def spy(seqs):
+        out = plan(seqs)
+        used.extend(m for m, k in out if k)
+        return out
+
+    sched.plan = spy
+    try:
+        results = dec.generate_batch(prompts, method="auto", k=4, max_new_tokens=MAX_NEW)
+    finally:
+        sched.plan = plan
+        sched.global_rate.update(prior)
+    assert_lossless(prompts, [r.token_ids for r in results], reference, hf_target)
+    assert head in used, set(used)
+
+
 def test_errors_say_what_to_do(target_dir, tmp_path, heads):
     bare = LeapDecoder.from_pretrained(target_dir, speculators=[])
     with pytest.raises(LeapDecodeError, match="--speculator"):

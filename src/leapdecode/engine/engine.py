@@ -208,9 +208,9 @@ class Engine:
         """The hidden states the batch's methods need from the target (as transformers'
         requires_model_outputs): only batches with medusa or eagle requests ask for any."""
         want = HiddenRequest()
-        for method in {s.spec.method for s in seqs}:
-            p = self.proposers.get(method)
-            if p is not None:
+        methods = {s.spec.method for s in seqs}
+        for p in self.proposers.values():
+            if p.name in methods or "auto" in methods:  # auto may pick any loaded head
                 want = want.union(p.wants_hidden)
         return want
 
@@ -234,7 +234,7 @@ class Engine:
                 final[i] = outs.final[i, at]  # [n, H]
         methods = {s.spec.method for s in seqs}
         for p in self.proposers.values():
-            if p.wants_hidden and p.name in methods:
+            if p.wants_hidden and (p.name in methods or "auto" in methods):
                 layers = [want.layers.index(j) for j in p.wants_hidden.layers]
                 p.target_hidden(seqs, [h[:, layers] if h is not None and layers else None
                                        for h in hidden], final)  # fmt: skip

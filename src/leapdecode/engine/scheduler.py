@@ -9,7 +9,10 @@ request is compute not spent on another, so it maximises the batch's goodput
 where E_i(k) = 1 + a_i + a_i^2 + ... + a_i^k is the expected number of tokens sequence i
 emits with k drafts when each draft is accepted with probability a_i (its running
 acceptance estimate for that method), and the costs come from `CostModel` (profiled on
-this machine, refreshed from measured step times); `_auto` says how the plan is found. A
+this machine, refreshed from measured step times); `_auto` says how the plan is found.
+Trained heads (medusa, eagle), when loaded, are options too: a tree of a fixed size
+(HEAD_TREE x the request's k) worth 1 + a + .. + a^depth, a being the head's running
+acceptance per tree depth; an eagle proposal also costs its head steps. A
 sequence whose text repeats gets n-gram or suffix drafts for free (no draft forwards); a busy batch,
 where a verify row costs as much as it brings, gets k = 0. There is no threshold table, so
 there is no cliff: k falls smoothly as rows get dearer.
@@ -25,9 +28,13 @@ from ..config import MAX_K
 from ..sequence import Sequence
 from .cost_model import CostModel
 
-PRIOR = {"draft": 0.6, "ngram": 0.5, "suffix": 0.5}  # acceptance before anything is observed
-AUTO_METHODS = ("ngram", "suffix", "draft")  # what auto chooses from (draft: when loaded)
+# acceptance before anything is observed (per draft token; per tree depth for the heads)
+PRIOR = {"draft": 0.6, "ngram": 0.5, "suffix": 0.5, "medusa": 0.5, "eagle": 0.6}
+# what auto chooses from (draft, medusa, eagle: when loaded)
+AUTO_METHODS = ("ngram", "suffix", "draft", "medusa", "eagle")
 DRAFT = AUTO_METHODS.index("draft")
+EAGLE = AUTO_METHODS.index("eagle")
+HEAD_TREE = 4  # auto's medusa / eagle tree: this many times the request's k nodes (<= 64)
 EMA = 0.15  # weight of one new draft outcome in a sequence's acceptance estimate
 
 
@@ -102,26 +109,44 @@ class Scheduler:
             self._auto(seqs, plan, auto)
         return plan  # type: ignore[return-value]
 
-    def _options(self, seq: Sequence) -> list[tuple[str, int, float]]:
-        """(method, most drafts, acceptance estimate) open to an `auto` sequence now."""
+    def _options(self, seq: Sequence) -> list[tuple[str, int, float, int | None]]:
+        """(method, most drafts, acceptance estimate, tree depth) open to an `auto` sequence
+        now. Chains may use any k up to the most; a head's tree only its full size (depth:
+        the longest run it can accept; None for chains)."""
         limit = max(0, seq.room() - 1)
         k = seq.spec.num_speculative_tokens
         opts = []
         ngram = self.engine.proposers["ngram"]
         avail = len(ngram.lookup(seq, min(MAX_K, 2 * k, limit)))
         if avail:
-            opts.append(("ngram", avail, self._estimate(seq, "ngram").rate))
+            opts.append(("ngram", avail, self._estimate(seq, "ngram").rate, None))
         suffix = self.engine.proposers["suffix"]
         avail = len(suffix.speculate(seq, min(MAX_K, 2 * k, limit))[0])
         if avail:
-            opts.append(("suffix", avail, self._estimate(seq, "suffix").rate))
+            opts.append(("suffix", avail, self._estimate(seq, "suffix").rate, None))
         # A seeded sampled request keeps to deterministic drafts: verified by the target's own
         # per-position sample (verify.py), it then emits what plain sampling with its seed
         # emits, whatever auto chose step by step. Draft-model steps would change the tokens.
         seeded = seq.params.seed is not None and not seq.params.greedy
         if "draft" in self.engine.proposers and min(k, limit) > 0 and not seeded:
-            opts.append(("draft", min(k, limit), self._estimate(seq, "draft").rate))
+            opts.append(("draft", min(k, limit), self._estimate(seq, "draft").rate, None))
+        size = min(MAX_K, HEAD_TREE * k, limit)  # heads draft deterministic trees
+        for name in ("medusa", "eagle"):
+            p = self.engine.proposers.get(name)
+            if p is None or size < 1 or not p.ready(seq):
+                continue
+            depth = p.depth(size) if name == "medusa" else min(seq.spec.speculative_num_steps, size)
+            opts.append((name, size, self._estimate(seq, name).rate, depth))
         return opts
+
+    def _eagle_s(self, cost: CostModel, seqs, auto: list[int]) -> float:
+        """Modelled cost of one eagle proposal: one head step per depth, each about two
+        target layers' worth of a decode step (a layer, plus its head and tree upkeep)."""
+        if "eagle" not in self.engine.proposers:
+            return 0.0
+        layers = max(1, int(getattr(self.engine.target.config, "num_hidden_layers", 1)))
+        depth = max(seqs[i].spec.speculative_num_steps for i in auto)
+        return depth * 2 * cost.verify_s(1, 1) / layers
 
     def _auto(self, seqs, plan, auto: list[int]) -> None:
         """Choose (method, k) for the `auto` rows; see the module notes.
@@ -147,16 +172,22 @@ class Scheduler:
             if p[0] == "draft":
                 fixed_dk, fixed_dn = max(fixed_dk, p[1]), fixed_dn + 1
         options = [self._options(seqs[i]) for i in auto]
-        top = max((lim for opts in options for _, lim, _ in opts), default=0)
+        top = max((lim for opts in options for _, lim, _, _ in opts), default=0)
         methods = AUTO_METHODS
         rows_idx = np.arange(len(auto))
         ks = np.arange(top + 1)  # [K+1]
         gain = np.full((len(auto), len(methods), top + 1), -np.inf)  # [A, method, k]
         gain[:, :, 0] = 0.0
         for j, opts in enumerate(options):
-            for method, lim, a in opts:
-                gain[j, methods.index(method), 1 : lim + 1] = np.cumsum(a ** ks[1 : lim + 1])
+            for method, lim, a, depth in opts:
+                m = methods.index(method)
+                if depth is None:  # a chain: any k up to lim
+                    gain[j, m, 1 : lim + 1] = np.cumsum(a ** ks[1 : lim + 1])
+                else:  # a head's tree: its whole size, worth its depth
+                    gain[j, m, lim] = float(np.sum(a ** np.arange(1, depth + 1)))
         can_draft = np.isfinite(gain[:, DRAFT, 1:]).any(1) if top else np.zeros(len(auto), bool)
+        eagle_s = self._eagle_s(cost, seqs, auto)
+        n_eagle = max(1, int(np.isfinite(gain[:, EAGLE, 1:]).any(1).sum())) if top else 1
 
         def exact(choice: np.ndarray) -> float:
             """Modelled goodput of a plan (flat indices method * (K+1) + k per auto row)."""
@@ -166,6 +197,7 @@ class Scheduler:
             dk = max(fixed_dk, int(k[drafting].max()) if drafting.any() else 0)
             c = cost.verify_s(n, n + fixed_rows + int(k.sum()))
             c += dk * cost.draft_s(fixed_dn + int(drafting.sum()))
+            c += eagle_s if ((m == EAGLE) & (k > 0)).any() else 0.0
             return t / c
 
         best_pick = np.zeros(len(auto), dtype=np.int64)  # no drafts
@@ -183,6 +215,7 @@ class Scheduler:
                 d_row = kd * cost.draft_s(fixed_dn + n_draft) / (fixed_dn + n_draft)
                 row_cost = np.broadcast_to(c_row * ks, g.shape).copy()  # [A, method, K+1]
                 row_cost[:, DRAFT, 1:] += d_row
+                row_cost[:, EAGLE, 1:] += eagle_s / n_eagle
                 choice = (g - goodput * row_cost).reshape(len(auto), -1).argmax(1)  # [A]
                 new = exact(choice)
                 if new > best_g:

@@ -60,8 +60,8 @@ class EagleProposer(Proposer):
     def add(self, seqs: list[Sequence]) -> None:
         self._ensure_slots(1 + max(s.slot for s in seqs))
         for s in seqs:
-            if s.spec.method != self.name:
-                continue  # only eagle requests keep features
+            if s.spec.method not in (self.name, "auto"):
+                continue  # only eagle requests (and auto ones, which may pick it) keep features
             self.fed[s.id] = 0
             self.pending[s.id] = []
 
@@ -80,6 +80,10 @@ class EagleProposer(Proposer):
             self.fed.pop(s.id, None)
             self.pending.pop(s.id, None)
             self.root.pop(s.id, None)
+
+    def ready(self, seq: Sequence) -> bool:
+        """Whether `seq` can be drafted for now (its features have arrived)."""
+        return bool(self.pending.get(seq.id)) or seq.id in self.root
 
     # ------------------------------------------------------------------ propose
     def _catch_up(self, seqs: list[Sequence]) -> None:

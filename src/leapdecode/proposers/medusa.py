@@ -33,8 +33,15 @@ class MedusaProposer(Proposer):
 
     def target_hidden(self, seqs, hidden, final) -> None:
         for s, f in zip(seqs, final, strict=True):
-            if f is not None and len(f) and s.spec.method == self.name:
+            if f is not None and len(f) and s.spec.method in (self.name, "auto"):
                 self.last[s.id] = f[-1]
+
+    def ready(self, seq: Sequence) -> bool:
+        return seq.id in self.last
+
+    def depth(self, k: int) -> int:
+        """Depth of the first k nodes of the static tree."""
+        return max((len(p) for p in self.heads.tree[:k]), default=0)
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Drafts:
