@@ -79,6 +79,8 @@ def add_parsers(sub, model_args) -> None:
                      help="tree sizes for medusa (when the target has heads)")  # fmt: skip
     run.add_argument("--eagle-k", default="8,16",
                      help="tree sizes for eagle (when the target has a head)")  # fmt: skip
+    run.add_argument("--eagle-depth", default="4",
+                     help="eagle tree depths (speculative_num_steps) tried at each size")  # fmt: skip
     run.add_argument(
         "--peer-draft-k", default=None, help="k for assisted generation (default: --draft-k)"
     )
@@ -143,6 +145,9 @@ def cmd_run(args) -> int:
     suffix_ks, tree_ks = _ks(args.suffix_k, "--suffix-k"), _ks(args.tree_k, "--tree-k")
     lookaheads = _wngs(args.lookahead)
     medusa_ks, eagle_ks = _ks(args.medusa_k, "--medusa-k"), _ks(args.eagle_k, "--eagle-k")
+    eagle_depths = _ks(args.eagle_depth, "--eagle-depth")
+    if max(eagle_depths) > 16:
+        raise LeapDecodeError("--eagle-depth: depths must be in 1..16")
     peer_ks = {
         "draft": _ks(args.peer_draft_k, "--peer-draft-k") if args.peer_draft_k else draft_ks,
         "ngram": _ks(args.peer_ngram_k, "--peer-ngram-k") if args.peer_ngram_k else ngram_ks,
@@ -152,7 +157,7 @@ def cmd_run(args) -> int:
         per_cat, repeats, cap = 2, 1, 32
         draft_ks, ngram_ks = draft_ks[len(draft_ks) // 2 : len(draft_ks) // 2 + 1], ngram_ks[:1]
         suffix_ks, tree_ks, lookaheads = suffix_ks[:1], tree_ks[:1], lookaheads[:1]
-        medusa_ks, eagle_ks = medusa_ks[:1], eagle_ks[:1]
+        medusa_ks, eagle_ks, eagle_depths = medusa_ks[:1], eagle_ks[:1], eagle_depths[:1]
         peer_ks = {"draft": draft_ks, "ngram": ngram_ks}
     sets = workloads.load(args.prompts, cats)
     if per_cat is not None:
@@ -169,7 +174,7 @@ def cmd_run(args) -> int:
     methods = runner.method_list(draft_ks, ngram_ks, peer_ks, draft is not None, peers is not None,
                                  tree_ks, suffix_ks, lookaheads,
                                  medusa_ks if "medusa" in heads else (),
-                                 eagle_ks if "eagle" in heads else ())  # fmt: skip
+                                 eagle_ks if "eagle" in heads else (), eagle_depths)  # fmt: skip
     if args.methods:
         keep = {m.strip() for m in args.methods.split(",") if m.strip()}
         unknown = keep - {*runner.OURS, *runner.PEERS}

@@ -60,6 +60,8 @@ class Method:
             o = self.options
             return (f"lookahead W{o['lookahead_window']} N{o['lookahead_ngram_size']} "
                     f"G{o['lookahead_max_candidates']}")  # fmt: skip
+        if self.name == "eagle" and self.opts:
+            return f"eagle k={self.k} d{dict(self.opts)['speculative_num_steps']}"
         return f"{self.name} k={self.k}"
 
     @property
@@ -100,8 +102,9 @@ class Record:
 
 def method_list(draft_ks, ngram_ks, peer_ks, with_draft: bool, with_peers: bool,
                 tree_ks=(), suffix_ks=(), lookaheads=(), medusa_ks=(),
-                eagle_ks=()) -> list[Method]:  # fmt: skip
-    """lookaheads: (W, N, G) triples; medusa_ks / eagle_ks: tree sizes (empty: no heads)."""
+                eagle_ks=(), eagle_depths=(4,)) -> list[Method]:  # fmt: skip
+    """lookaheads: (W, N, G) triples; medusa_ks / eagle_ks: tree sizes (empty: no heads);
+    eagle_depths: the eagle tree's depths (speculative_num_steps) tried at each size."""
     methods = [Method("none")]
     if with_draft:
         methods += [Method("draft", k) for k in draft_ks]
@@ -111,7 +114,8 @@ def method_list(draft_ks, ngram_ks, peer_ks, with_draft: bool, with_peers: bool,
     methods += [Method("suffix-tree", k) for k in tree_ks]
     methods += [lookahead(*wng) for wng in lookaheads]
     methods += [Method("medusa", k) for k in medusa_ks]
-    methods += [Method("eagle", k) for k in eagle_ks]
+    methods += [Method("eagle", k, (("speculative_num_steps", d),))
+                for k in eagle_ks for d in eagle_depths]  # fmt: skip
     if with_peers:
         methods.append(Method("hf-generate"))
         if with_draft:
