@@ -115,7 +115,7 @@ class LeapDecoder:
         target: str,
         draft: str | None = None,
         backend: str = "native",
-        device: str = "cpu",
+        device: str | None = None,
         dtype: str = "auto",
         draft_dtype: str | None = None,
         draft_vocab: int | None = None,
@@ -125,7 +125,9 @@ class LeapDecoder:
         suffix_decoding_max_cached_requests: int = 10_000,
         speculators: str | list[str] | None = None,
     ) -> LeapDecoder:
-        """dtype: float32 | bfloat16 | float16 | auto (the checkpoint's own);
+        """device: cpu | cuda (default: $LEAPDECODE_DEVICE, else cpu: the whole test suite
+        runs on a GPU with LEAPDECODE_DEVICE=cuda);
+        dtype: float32 | bfloat16 | float16 | auto (the checkpoint's own);
         draft_dtype: the draft's, when it differs (default: the same as dtype);
         draft_vocab: the draft proposes only its N most frequent tokens (default: the draft
         folder's recommendation; 0: all), set once for every request;
@@ -138,6 +140,7 @@ class LeapDecoder:
         beside it, `<target>-medusa` and `<target>-eagle`, when the backend can run them;
         []: none)."""
         set_threads(threads)
+        device = device or os.environ.get("LEAPDECODE_DEVICE") or "cpu"
         target_model = load_model(target, backend, device, dtype, what="target")
         tokenizer = _load_tokenizer(target)
         draft_model = None

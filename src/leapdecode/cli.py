@@ -31,7 +31,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "<target>-eagle beside the target, when present)",
     )  # fmt: skip
     p.add_argument("--backend", default="native", choices=["native", "transformers"])
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--device", default=None,
+                   help="cpu or cuda (default: $LEAPDECODE_DEVICE, else cpu)")  # fmt: skip
     p.add_argument(
         "--dtype",
         default="auto",

@@ -26,7 +26,10 @@ def resolve_device(device: str | torch.device) -> torch.device:
     except (RuntimeError, TypeError) as e:
         raise LeapDecodeError(f"unknown device {device!r}: use cpu or cuda") from e
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise LeapDecodeError("CUDA is not available on this machine: use --device cpu")
+        raise LeapDecodeError(
+            "CUDA is not available on this machine: use --device cpu"
+            + (" (LEAPDECODE_DEVICE asks for cuda)" if os.environ.get("LEAPDECODE_DEVICE") else "")
+        )
     if dev.type not in ("cpu", "cuda"):
         raise LeapDecodeError(f"unsupported device {device!r}: use cpu or cuda")
     return dev
