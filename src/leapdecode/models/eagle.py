@@ -20,19 +20,13 @@ covers. Embeddings are the target's own, shared and frozen.
 
 from __future__ import annotations
 
-import json
-import os
-
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import LeapDecodeError
+from .heads import read_folder, write_folder
 from .rope import apply_rope, rope_tables
-
-CONFIG = "config.json"
-WEIGHTS = "model.safetensors"
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
@@ -171,26 +165,15 @@ class Eagle3Head(nn.Module):
         return self.draft_ids - torch.arange(self.draft_vocab_size)
 
     def save(self, out: str, extra: dict | None = None) -> None:
-        os.makedirs(out, exist_ok=True)
-        state = {k: v.detach().float().contiguous() for k, v in self.state_dict().items()}
+        state = {k: v.float() for k, v in self.state_dict().items()}
         state["d2t"] = self.d2t().cpu()
-        save_file(state, os.path.join(out, WEIGHTS), metadata={"format": "pt"})
-        with open(os.path.join(out, CONFIG), "w") as f:
-            json.dump({**self.config_dict(), **self.info, **(extra or {})}, f, indent=1)
+        write_folder(out, state, {**self.config_dict(), **self.info, **(extra or {})})
 
     @classmethod
     def load(cls, path: str) -> Eagle3Head:
-        cfg_path = os.path.join(path, CONFIG)
-        if not os.path.isfile(cfg_path) or not os.path.isfile(os.path.join(path, WEIGHTS)):
-            raise LeapDecodeError(
-                f"{path!r} is not an EAGLE head folder (config.json + model.safetensors): "
-                "train one with `leapdecode train eagle`"
-            )
-        with open(cfg_path) as f:
-            c = json.load(f)
+        c, state = read_folder(path, "an EAGLE head", "eagle")
         if c.get("architectures") != ["Eagle3Head"]:
-            raise LeapDecodeError(f"{cfg_path} is not an Eagle3Head config (architectures)")
-        state = load_file(os.path.join(path, WEIGHTS))
+            raise LeapDecodeError(f"{path}/config.json is not an Eagle3Head config (architectures)")
         d2t = state.pop("d2t")
         ids = d2t + torch.arange(len(d2t))
         head = cls(c["hidden_size"], c["target_hidden_size"], c["num_attention_heads"],

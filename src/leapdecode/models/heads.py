@@ -14,6 +14,33 @@ from ..errors import LeapDecodeError
 from .base import CausalLM
 
 KINDS = ("medusa", "eagle")
+CONFIG, WEIGHTS = "config.json", "model.safetensors"
+
+
+def write_folder(out: str, state: dict, config: dict) -> None:
+    """A heads folder: the weights as float32 safetensors (buffers such as d2t as given)
+    and config.json."""
+    from safetensors.torch import save_file
+
+    os.makedirs(out, exist_ok=True)
+    save_file({k: v.detach().contiguous() for k, v in state.items()},
+              os.path.join(out, WEIGHTS), metadata={"format": "pt"})  # fmt: skip
+    with open(os.path.join(out, CONFIG), "w") as f:
+        json.dump(config, f, indent=1)
+
+
+def read_folder(path: str, what: str, kind: str) -> tuple[dict, dict]:
+    """(config, weights) of a heads folder; a clear error where it is not one."""
+    from safetensors.torch import load_file
+
+    cfg_path = os.path.join(path, CONFIG)
+    if not os.path.isfile(cfg_path) or not os.path.isfile(os.path.join(path, WEIGHTS)):
+        raise LeapDecodeError(
+            f"{path!r} is not {what} folder (config.json + model.safetensors): "
+            f"train one with `leapdecode train {kind}`"
+        )
+    with open(cfg_path) as f:
+        return json.load(f), load_file(os.path.join(path, WEIGHTS))
 
 
 def beside(target: str) -> list[str]:

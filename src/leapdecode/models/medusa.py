@@ -20,18 +20,15 @@ under that model.
 from __future__ import annotations
 
 import heapq
-import json
 import os
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import LeapDecodeError
+from .heads import read_folder, write_folder
 
-CONFIG = "config.json"
-WEIGHTS = "model.safetensors"
 MAX_TREE = 64
 
 
@@ -66,9 +63,7 @@ class MedusaHeads(nn.Module):
 
     # -------------------------------------------------------------- files
     def save(self, out: str, extra: dict | None = None) -> None:
-        os.makedirs(out, exist_ok=True)
-        state = {k: v.detach().float().contiguous() for k, v in self.state_dict().items()}
-        save_file(state, os.path.join(out, WEIGHTS), metadata={"format": "pt"})
+        state = {k: v.float() for k, v in self.state_dict().items()}
         config = {
             "architectures": ["MedusaHeads"],
             "medusa_num_heads": self.num_heads,
@@ -79,24 +74,17 @@ class MedusaHeads(nn.Module):
             **self.info,
             **(extra or {}),
         }
-        with open(os.path.join(out, CONFIG), "w") as f:
-            json.dump(config, f, indent=1)
+        write_folder(out, state, config)
 
     @classmethod
     def load(cls, path: str) -> MedusaHeads:
-        cfg_path = os.path.join(path, CONFIG)
-        if not os.path.isfile(cfg_path) or not os.path.isfile(os.path.join(path, WEIGHTS)):
-            raise LeapDecodeError(
-                f"{path!r} is not a Medusa heads folder (config.json + model.safetensors): "
-                "train one with `leapdecode train medusa`"
-            )
-        with open(cfg_path) as f:
-            cfg = json.load(f)
+        cfg, state = read_folder(path, "a Medusa heads", "medusa")
+        cfg_path = os.path.join(path, "config.json")
         if "medusa_num_heads" not in cfg:
             raise LeapDecodeError(f"{cfg_path} has no medusa_num_heads: not a Medusa heads folder")
         heads = cls(int(cfg["medusa_num_heads"]), int(cfg["hidden_size"]))
         try:
-            heads.load_state_dict(load_file(os.path.join(path, WEIGHTS)))
+            heads.load_state_dict(state)
         except (RuntimeError, OSError) as e:
             raise LeapDecodeError(f"the Medusa weights in {path!r} do not fit: {e}") from None
         heads.accuracy = cfg.get("accuracy_by_rank") or []
