@@ -33,7 +33,7 @@ from safetensors.torch import save_file
 from .errors import LeapDecodeError
 from .models.eagle import Eagle3Head
 
-SPECULATORS_VERSION = "0.3.0"  # the layout written (vLLM reads it from 0.10.2 on)
+SPECULATORS_VERSION = "0.3.0"  # the speculators release whose layout this writes
 
 # our parameter name -> speculators / vLLM name
 NAMES = {
