@@ -46,9 +46,7 @@ def new_head(teacher: Teacher, draft_ids: torch.Tensor) -> Eagle3Head:
 def _labels(head: Eagle3Head, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's distribution renormalised over the draft vocabulary [.., Vd], and its
     greedy token as a draft id (-1 where it is outside the draft vocabulary)."""
-    p = torch.softmax(logits, dim=-1)  # [B, T, V]
-    q = p[..., head.draft_ids]
-    q = q / q.sum(-1, keepdim=True).clamp(min=1e-9)
+    q = torch.softmax(logits[..., head.draft_ids], dim=-1)  # [B, T, Vd]: p renormalised
     to_draft = torch.full((logits.shape[-1],), -1, dtype=torch.long)
     to_draft[head.draft_ids] = torch.arange(head.draft_vocab_size)
     return q, to_draft[logits.argmax(-1)]
