@@ -147,6 +147,10 @@ class Eagle3Head(nn.Module):
             g = torch.cat([o[:, :1], o[:, :-1]], dim=1)  # next step at t is fed o at t-1
         return outs
 
+    def runner(self) -> Eagle3Runner:
+        """The same computation for drafting: fused, inference-only weights."""
+        return Eagle3Runner(self)
+
     # -------------------------------------------------------------- files
     def config_dict(self) -> dict:
         return {
@@ -186,3 +190,56 @@ class Eagle3Head(nn.Module):
             raise LeapDecodeError(f"the EAGLE weights in {path!r} do not fit: {e}") from None
         head.info = {k: v for k, v in c.items() if k in ("target", "training", "accuracy")}
         return head.eval()
+
+
+class Eagle3Runner:
+    """`Eagle3Head.qkv` and `.finish` for drafting, with fused weights (q|k|v and gate|up
+    in one matmul each) laid out as the native backend lays its own (models/llama.py
+    `_linear`): a tree step is a handful of rows, where per-op overhead dominates."""
+
+    def __init__(self, head: Eagle3Head) -> None:
+        from .llama import _linear, _transposed
+
+        def lay(*ws: torch.Tensor) -> torch.Tensor:
+            w = torch.cat([x.detach() for x in ws], dim=0)  # [out, in]
+            return w.t().contiguous() if _transposed(w) else w.contiguous()
+
+        self.linear = _linear
+        self.heads, self.kv_heads, self.head_dim = head.heads, head.kv_heads, head.head_dim
+        self.eps = head.eps
+        self.fc = lay(head.fc.weight)
+        self.in_norm = head.input_layernorm.weight.detach()
+        self.hid_norm = head.hidden_norm.weight.detach()
+        self.wqkv = lay(head.q_proj.weight, head.k_proj.weight, head.v_proj.weight)
+        self.wo = lay(head.o_proj.weight)
+        self.post_norm = head.post_attention_layernorm.weight.detach()
+        self.w_gate_up = lay(head.gate_proj.weight, head.up_proj.weight)
+        self.w_down = lay(head.down_proj.weight)
+        self.norm = head.norm.weight.detach()
+        self.lm_head = lay(head.lm_head.weight)
+        self.cos, self.sin = head.cos, head.sin
+
+    def _rms(self, x, w):
+        return F.rms_norm(x, w.shape, w, self.eps)
+
+    def combine(self, aux: torch.Tensor) -> torch.Tensor:
+        return self.linear(aux.flatten(-2), self.fc, None)
+
+    def qkv(self, g, emb, positions):
+        b, t, _ = g.shape
+        h, hkv, d = self.heads, self.kv_heads, self.head_dim
+        x = torch.cat([self._rms(emb, self.in_norm), self._rms(g, self.hid_norm)], dim=-1)
+        qkv = self.linear(x, self.wqkv, None)  # [B, T, (H + 2 H_kv) D]
+        qk = qkv[..., : (h + hkv) * d].view(b, t, h + hkv, d)
+        qk = apply_rope(qk, self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2))
+        v = qkv[..., (h + hkv) * d :].view(b, t, hkv, d)
+        return qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2), v.transpose(1, 2)
+
+    def finish(self, g, q, keys, values, mask):
+        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                           enable_gqa=self.heads != self.kv_heads)  # fmt: skip
+        b, _, t, _ = q.shape
+        r = g + self.linear(a.transpose(1, 2).reshape(b, t, -1), self.wo, None)
+        gate, up = self.linear(self._rms(r, self.post_norm), self.w_gate_up, None).chunk(2, -1)
+        o = r + self.linear(F.silu(gate) * up, self.w_down, None)
+        return o, self.linear(self._rms(o, self.norm), self.lm_head, None)

@@ -36,6 +36,7 @@ class EagleProposer(Proposer):
 
     def __init__(self, head: Eagle3Head, target: CausalLM) -> None:
         self.head = head.to(device=target.device, dtype=torch.float32).eval()
+        self.run = self.head.runner()  # the head's computation with fused weights
         self.target = target
         self.wants_hidden = HiddenRequest(layers=head.aux_layers)
         self.max_len = min(target.max_context + 2, head.max_positions)
@@ -110,9 +111,9 @@ class EagleProposer(Proposer):
         start = torch.tensor([self.fed[s.id] for s in seqs])  # [B]
         slots = torch.tensor([s.slot for s in seqs])
         positions = (start[:, None] + torch.arange(t) + 1).clamp(max=self.max_len - 1)
-        g = h.combine(aux)  # [B, T, hidden]
+        g = self.run.combine(aux)  # [B, T, hidden]
         emb = self.target.embed_tokens(tokens).float()
-        q, k, v = h.qkv(g, emb, positions.to(dev))
+        q, k, v = self.run.qkv(g, emb, positions.to(dev))
         write = (start[:, None] + torch.arange(t)).clamp(max=self.max_len - 1)  # [B, T]
         for i in range(b):
             n = int(counts[i])
@@ -123,7 +124,7 @@ class EagleProposer(Proposer):
         keys, values = self.k_cache[slots, :, :span], self.v_cache[slots, :, :span]
         key = torch.arange(span)
         mask = key[None, None, :] <= write[:, :, None]  # [B, T, S] causal
-        o, logits = h.finish(g, q, keys, values, mask[:, None].to(dev))
+        o, logits = self.run.finish(g, q, keys, values, mask[:, None].to(dev))
         last = (counts - 1).to(dev)
         rows = torch.arange(b, device=dev)
         o, logp = o[rows, last], logits[rows, last].log_softmax(-1)  # [B, h], [B, Vd]
@@ -150,7 +151,6 @@ class EagleProposer(Proposer):
     def _grow(self, seqs: list[Sequence], budgets: list[int], top_k: int, depth: int):
         """The draft trees (tokens, parents) of `seqs`, top_k nodes kept per depth, `depth`
         depths (see the module notes)."""
-        h = self.head
         for s in seqs:
             s.stats.draft_forwards += depth  # the catch-up, then one per depth grown
         fresh = [s for s in seqs if self.pending[s.id]]
@@ -161,53 +161,48 @@ class EagleProposer(Proposer):
         cached = torch.tensor([self.fed[s.id] for s in seqs])  # [B] pairs in the cache
         b, dev = len(seqs), o.device
         slots = torch.tensor([s.slot for s in seqs])
-        base = self.k_cache[slots, :, : int(cached.max())]  # [B, H_kv, S, D] committed keys
-        base_v = self.v_cache[slots, :, : int(cached.max())]
-        committed = torch.arange(base.shape[2])[None, :] < cached[:, None]  # [B, S]
-        # candidate nodes (all depths): draft-vocab id, score, parent node (-1 = root), depth
+        span = int(cached.max())
+        n_tree = (depth - 1) * top_k  # nodes run through the head (all but the last depth)
+        # committed keys, then each depth's nodes: [B, H_kv, S + n_tree, D]
+        keys = torch.cat([self.k_cache[slots, :, :span],
+                          self.k_cache.new_zeros(b, self.head.kv_heads, n_tree, self.head.head_dim)], 2)  # fmt: skip
+        values = torch.cat([self.v_cache[slots, :, :span], torch.zeros_like(keys[:, :, span:])], 2)
+        committed = (torch.arange(span)[None, :] < cached[:, None]).to(dev)  # [B, S]
+        committed = committed[:, None].expand(b, top_k, span)  # [B, top_k, S]
+        eye = torch.eye(top_k, dtype=torch.bool, device=dev).expand(b, top_k, top_k)
+        # candidate nodes (all depths): draft-vocab id, score, parent candidate (-1 = root)
         score, tok = logp.topk(top_k, dim=-1)  # [B, top_k]
         cand_tok, cand_score = [tok], [score]
         cand_parent = [torch.full((b, top_k), -1, device=dev)]
         frontier = torch.arange(top_k, device=dev).expand(b, top_k)  # candidate ids
         front_feat = o[:, None].expand(b, top_k, o.shape[-1])  # [B, top_k, hidden]
-        tree_k, tree_v = [], []  # per depth [B, H_kv, top_k, D]
-        anc = torch.zeros(b, 0, 0, dtype=torch.bool, device=dev)  # [B, nodes, nodes] run
-        run_ids = []  # candidate id of each run node
+        front_tok, front_score = tok, score  # [B, top_k] the frontier's tokens and scores
+        anc = torch.zeros(b, top_k, 0, dtype=torch.bool, device=dev)  # frontier -> run nodes
         for d in range(1, depth):
-            flat_tok = torch.cat(cand_tok, 1)  # [B, C]
-            node_tok = flat_tok.gather(1, frontier)  # [B, top_k] draft ids
-            emb = self.target.embed_tokens(h.draft_ids[node_tok]).float()
+            n_run = (d - 1) * top_k  # nodes run before this depth
+            emb = self.target.embed_tokens(self.head.draft_ids[front_tok]).float()
             positions = (cached[:, None] + d).expand(b, top_k).clamp(max=self.max_len - 1)
-            q, k, v = h.qkv(front_feat, emb, positions.to(dev))
-            tree_k.append(k)
-            tree_v.append(v)
-            # this depth's nodes see the committed cache, their ancestors among the run
-            # nodes, and themselves
-            n_run = len(run_ids)
-            parents_cand = torch.cat(cand_parent, 1).gather(1, frontier)  # [B, top_k]
-            new_anc = torch.zeros(b, top_k, n_run + top_k, dtype=torch.bool, device=dev)
-            if n_run:
-                run = torch.stack(run_ids, 1)  # [B, n_run]
-                is_parent = run[:, None, :] == parents_cand[:, :, None]  # [B, top_k, n_run]
-                new_anc[:, :, :n_run] = (is_parent[..., None] & anc[:, None]).any(2) | is_parent
-            new_anc[:, :, n_run:] = torch.eye(top_k, dtype=torch.bool, device=dev)
-            grown = torch.zeros(b, n_run + top_k, n_run + top_k, dtype=torch.bool, device=dev)
-            grown[:, :n_run, :n_run] = anc
-            grown[:, n_run:] = new_anc
-            anc = grown
-            run_ids += list(frontier.unbind(1))
-            keys = torch.cat([base, *tree_k], dim=2)
-            values = torch.cat([base_v, *tree_v], dim=2)
-            mask = torch.cat([committed[:, None].expand(b, top_k, -1).to(dev), new_anc], 2)
-            o_new, logits = h.finish(front_feat, q, keys, values, mask[:, None])
+            q, k, v = self.run.qkv(front_feat, emb, positions.to(dev))
+            keys[:, :, span + n_run : span + n_run + top_k] = k
+            values[:, :, span + n_run : span + n_run + top_k] = v
+            # a node sees the committed cache, its ancestors (its parent's, then its parent)
+            # and itself
+            anc = torch.cat([anc, eye], dim=2)  # [B, top_k, n_run + top_k]
+            mask = torch.cat([committed, anc], dim=2)[:, None]
+            upto = span + n_run + top_k
+            o_new, logits = self.run.finish(front_feat, q, keys[:, :, :upto],
+                                            values[:, :, :upto], mask)  # fmt: skip
             child_score, child_tok = logits.log_softmax(-1).topk(top_k, dim=-1)  # [B, k, k]
-            total = (cand_score_of(cand_score, frontier)[..., None] + child_score).flatten(1)
+            total = (front_score[..., None] + child_score).flatten(1)  # [B, k*k]
             c0 = sum(t.shape[1] for t in cand_tok)
             cand_tok.append(child_tok.flatten(1))
             cand_score.append(total)
             cand_parent.append(frontier[:, :, None].expand(b, top_k, top_k).flatten(1))
-            best = total.topk(top_k, dim=-1).indices  # [B, top_k] among this depth's
-            front_feat = o_new.gather(1, (best // top_k)[..., None].expand(-1, -1, o.shape[-1]))
+            front_score, best = total.topk(top_k, dim=-1)  # [B, top_k] among this depth's
+            parent = best // top_k  # [B, top_k] the frontier slot each new node hangs off
+            front_tok = child_tok.flatten(1).gather(1, best)
+            front_feat = o_new.gather(1, parent[..., None].expand(-1, -1, o.shape[-1]))
+            anc = anc.gather(1, parent[..., None].expand(-1, -1, anc.shape[2]))
             frontier = c0 + best
         return self._rerank(cand_tok, cand_score, cand_parent, budgets)
 
@@ -231,8 +226,3 @@ class EagleProposer(Proposer):
             par = [index.get(int(parents[i, c]), 0) for c in nodes]
             trees.append((tokens, par))
         return trees
-
-
-def cand_score_of(cand_score: list[torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
-    """Scores [B, n] of candidate ids [B, n] across the per-depth score tensors."""
-    return torch.cat(cand_score, 1).gather(1, ids)
