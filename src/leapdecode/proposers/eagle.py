@@ -4,8 +4,9 @@ Per sequence the head keeps its own KV cache over the pairs (target features at 
 token t+1) for every token the target has cached (models/eagle.py). A proposal:
 
 1. catch up: run the pairs the head has not seen (the target's aux hidden states arrive
-   through `target_hidden`), batched and right-padded; the output at the last pair
-   guesses the first draft token;
+   through `target_hidden`), batched and right-padded; the output at the last pair (kept
+   as the sequence's root) guesses the first draft token. A sequence that gets no drafts
+   for a while has its pairs fed as they pile up (past BACKLOG), so they stay bounded;
 2. grow the tree (EAGLE-2): the root's top_k tokens are depth 1; at each depth the
    frontier (top_k nodes) runs one head step in one batched forward (each node attends to
    the cache, its ancestors and itself), each node's top_k children are scored by their
