@@ -63,16 +63,14 @@ def _check(args) -> None:
         raise LeapDecodeError(f"--target {args.target!r} is not a model folder (no config.json)")
 
 
-def _tokens(args, teacher_path: str):
-    from .commands import RUNS, _corpus, _load_tokenizer
+def _tokens(args, teacher_path: str, run_dir: str):
+    """(train, validation) token streams: --tokens (its last 5% held out: the data the
+    heads will see), or the corpus splits encoded with the target's tokenizer, cached in
+    the run folder (so a cache never outlives the tokenizer it was made with)."""
+    from .commands import _corpus, _load_tokenizer
     from .data import load_or_encode
 
-    tokenizer = _load_tokenizer(teacher_path)
-    root, files = _corpus(args)
-    cache = os.path.join(RUNS, "corpus-" + os.path.basename(os.path.abspath(teacher_path)))
-    train = load_or_encode(tokenizer, root, files, "train", cache)
-    val = load_or_encode(tokenizer, root, files, "validation", cache)
-    if args.tokens:  # measured on its own last 5%: the data the heads will see
+    if args.tokens:
         if not os.path.isfile(args.tokens):
             raise LeapDecodeError(f"--tokens {args.tokens!r} not found")
         stream = np.load(args.tokens)
@@ -81,8 +79,12 @@ def _tokens(args, teacher_path: str):
             raise LeapDecodeError(
                 f"--tokens {args.tokens!r} is too short for --context {args.context}"
             )
-        train, val = stream[:cut], stream[cut:]
-    return train, val
+        return stream[:cut], stream[cut:]
+    tokenizer = _load_tokenizer(teacher_path)
+    root, files = _corpus(args)
+    cache = os.path.join(run_dir, "tokens")
+    train = load_or_encode(tokenizer, root, files, "train", cache)
+    return train, load_or_encode(tokenizer, root, files, "validation", cache)
 
 
 def measured_acceptance(target: str, out: str, kind: str, n_prompts: int) -> dict:
@@ -133,7 +135,7 @@ def cmd_heads(args) -> int:
             f"--context {args.context} needs windows of {args.context + 1} tokens; the "
             f"target's context is {longest}: lower --context"
         )
-    train, val = _tokens(args, args.target)
+    train, val = _tokens(args, args.target, run_dir)
     stamp = fingerprint(args.target, tokens=args.tokens, tokens_len=len(train))
     common = dict(steps=args.steps, batch=args.batch, context=args.context, lr=args.lr,
                   run_dir=run_dir, seed=args.seed, stamp=stamp)  # fmt: skip
