@@ -55,9 +55,11 @@ class MedusaProposer(Proposer):
         z = self.heads(h)  # [R, K, hidden]
         logits = self.target.head_logits(z)  # [R, K, V]
         top = logits.topk(self.max_rank, dim=-1).indices.cpu()  # [R, K, ranks]
-        trees = []
+        trees, layouts = [], {}  # rows with the same k share one layout
         for j, i in enumerate(rows):
-            head, rank, parents = tree_layout(self.heads.tree, ks[i])
+            if ks[i] not in layouts:
+                layouts[ks[i]] = tree_layout(self.heads.tree, ks[i])
+            head, rank, parents = layouts[ks[i]]
             tokens = top[j, head, rank].tolist()
             trees.append((tokens, parents))
         out: list[tuple[list[int], list[int]]] = [([], [])] * len(seqs)
