@@ -127,3 +127,40 @@ def test_assisted_generation_peer_uses_our_k(target_dir, draft_dir, hf_target):
         assert tokens == want[0, 6:].tolist()
     assert forwards[1] >= 13  # at most 2 tokens per target forward with one draft token
     assert forwards[6] < forwards[1]
+
+
+def test_interrupted_bench_run_resumes_after_its_last_finished_prompt(
+    tmp_path, capsys, monkeypatch
+):
+    from leapdecode.bench import report
+
+    out = tmp_path / "results"
+    argv = ["bench", "run", "--quick", "--no-peers", "--methods", "none,ngram,suffix", "--categories", "completion,revision",
+            "--out", str(out)]  # fmt: skip
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:  # killed after measuring, before the report
+        m.setattr(report, "aggregate", interrupted)
+        assert main(argv) == 130
+    partial = out / "partial.jsonl"
+    lines = partial.read_text().splitlines()
+    assert len(lines) == 1 + 4  # the signature, then one line per finished prompt
+    partial.write_text("\n".join(lines[:3]) + "\n")  # as if killed during the third prompt
+    capsys.readouterr()
+
+    assert main(argv) == 0
+    assert "2 prompts already measured" in capsys.readouterr().out
+    assert not partial.exists()  # a finished run leaves no partial file behind
+    cells = json.loads((out / "results.json").read_text())["cells"]
+    assert {(c["category"], c["name"]) for c in cells} == {
+        (cat, n) for cat in ("completion", "revision") for n in ("none", "ngram", "suffix")
+    }
+    assert all(c["mismatches"]["non_tie"] == 0 and c["tokens_per_s"] > 0 for c in cells)
+
+    with monkeypatch.context() as m:  # other settings never reuse the records
+        m.setattr(report, "aggregate", interrupted)
+        assert main(argv) == 130
+    assert main([*argv, "--ngram-k", "5"]) == 0
+    assert "already measured" not in capsys.readouterr().out

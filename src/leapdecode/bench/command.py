@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
@@ -101,6 +102,8 @@ def add_parsers(sub, model_args) -> None:
 
     add_repeated(what, model_args)
 
+    run.add_argument("--fresh", action="store_true",
+                     help="start over instead of resuming an interrupted run of the same settings")  # fmt: skip
     run.add_argument("--quick", action="store_true",
                      help="smoke run: 2 prompts a category, 32 tokens, one round, one k each")  # fmt: skip
 
@@ -187,7 +190,11 @@ def cmd_run(args) -> int:
     t0 = time.perf_counter()
     if not 0 <= args.draft_min_prob < 1:
         raise LeapDecodeError("--draft-min-prob must be in [0, 1)")
-    records = runner.run(dec, peers, sets, methods, repeats, cap, args.draft_min_prob)
+    partial = os.path.join(args.out, "partial.jsonl")
+    if args.fresh and os.path.isfile(partial):
+        os.remove(partial)
+    records = runner.run(dec, peers, sets, methods, repeats, cap, args.draft_min_prob, partial,
+                         _signature(args, target, draft, dec, sets, methods, repeats, cap))  # fmt: skip
     elapsed = time.perf_counter() - t0
 
     prompts = {row["id"]: dec.encode(row["prompt"]) for rows in sets.values() for row in rows}
@@ -204,9 +211,33 @@ def cmd_run(args) -> int:
     cells = report.aggregate(records, costs, mism)
     paths = report.write(cells, meta, args.out)
     _summary(cells)
+    os.remove(partial)
     print(f"{len(records)} prompt x method cells in {elapsed:.0f} s; wrote {paths['markdown']}, "
           f"{paths['json']} and {paths['plots']}")  # fmt: skip
     return 0
+
+
+def _signature(args, target, draft, dec, sets, methods, repeats, cap) -> dict:
+    """What an interrupted run must share with this one for its records to be reused."""
+    import hashlib
+
+    def stamp(path):
+        if not path:
+            return None
+        files = sorted(f for f in os.listdir(path) if f.endswith((".safetensors", ".json")))
+        st = [(f, os.path.getsize(os.path.join(path, f))) for f in files]
+        return [os.path.abspath(path), st]
+
+    rows = [(r["id"], r["prompt"], r["max_new_tokens"]) for v in sets.values() for r in v]
+    prompts = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+    return {
+        "target": stamp(target), "draft": stamp(draft),
+        "speculators": [stamp(p) for p in (args.speculator or [])],
+        "dtype": str(dec.target.dtype), "draft_dtype": str(dec.draft.dtype) if dec.draft else None,
+        "device": str(args.device), "threads": torch.get_num_threads(),
+        "methods": [m.label for m in methods], "repeats": repeats, "cap": cap,
+        "draft_min_prob": args.draft_min_prob, "prompts": prompts, "torch": torch.__version__,
+    }  # fmt: skip
 
 
 def _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed) -> dict:

@@ -3,13 +3,19 @@
 Order: one warm-up pass of every method (untimed), then for each prompt `repeats` rounds;
 each round runs every method once, the order rotated round by round so no method always
 runs first after a prompt change. A (prompt, method) figure is the median of its rounds.
+
+A full run takes longer than some sessions last, so each finished prompt's records are
+appended to a partial file; a run with the same settings resumes after the last finished
+prompt (its figures are per-prompt ratios measured interleaved, so they survive the break).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 from tqdm import tqdm
@@ -138,10 +144,38 @@ def _run_once(dec: LeapDecoder, peers, m: Method, ids, max_new: int, min_prob: f
     return time.perf_counter() - t0, tokens, None, forwards
 
 
+def load_partial(path: str | None, signature: dict) -> dict[str, list[Record]]:
+    """Finished prompts of an earlier run with the same signature: {prompt_id: records}.
+    A partial file of other settings is left alone here (the run overwrites it)."""
+    if not path or not os.path.isfile(path):
+        return {}
+    done: dict[str, list[Record]] = {}
+    with open(path) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    if not lines or lines[0].get("signature") != json.loads(json.dumps(signature)):
+        return {}
+    for row in lines[1:]:
+        done[row["prompt_id"]] = [Record(**r) for r in row["records"]]
+    return done
+
+
+def _append(path: str, obj: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(obj) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
 @torch.no_grad()
 def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Method],
-        repeats: int, max_new_cap: int | None = None,
-        draft_min_prob: float = 0.0) -> list[Record]:  # fmt: skip
+        repeats: int, max_new_cap: int | None = None, draft_min_prob: float = 0.0,
+        partial: str | None = None, signature: dict | None = None) -> list[Record]:  # fmt: skip
+    """partial: file that keeps finished prompts' records; resumed when its signature matches."""
+    done = load_partial(partial, signature or {})
+    if partial and not done:
+        os.makedirs(os.path.dirname(os.path.abspath(partial)), exist_ok=True)
+        with open(partial, "w") as f:
+            f.write(json.dumps({"signature": signature or {}}) + "\n")
     first = next(iter(sets.values()))[0]
     warm_ids = dec.encode(first["prompt"])
     for m in methods:  # warm-up: allocator, oneDNN kernels, caches
@@ -149,9 +183,20 @@ def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Meth
 
     records: list[Record] = []
     total = sum(len(rows) for rows in sets.values()) * repeats * len(methods)
-    bar = tqdm(total=total, desc="bench", unit="run")
+    n_done = sum(row["id"] in done for rows in sets.values() for row in rows)
+    if n_done:
+        print(f"resuming from {partial}: {n_done} prompts already measured "
+              "(delete the file, or pass --fresh, to start over)")  # fmt: skip
+    bar = tqdm(total=total, desc="bench", unit="run",
+               initial=n_done * repeats * len(methods))  # fmt: skip
+    suffix_used = any(m.method == "suffix" for m in methods)
     for cat, rows in sets.items():
         for row in rows:
+            if row["id"] in done:
+                records.extend(done[row["id"]])
+                if suffix_used:  # the global tree holds every earlier prompt's output
+                    dec.engine.proposers["suffix"].cache_output(done[row["id"]][0].tokens)
+                continue
             ids = dec.encode(row["prompt"])
             max_new = (
                 row["max_new_tokens"]
@@ -176,7 +221,10 @@ def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Meth
             for m, r in recs.items():
                 _fill_stats(r, stats_by_rep[m])
                 records.append(r)
-            if any(m.method == "suffix" for m in methods):
+            if partial:
+                _append(partial, {"prompt_id": row["id"],
+                                  "records": [asdict(r) for r in recs.values()]})  # fmt: skip
+            if suffix_used:
                 # as a server would: later requests find this one's output in the global tree
                 out = next(r.tokens for r in recs.values())
                 dec.engine.proposers["suffix"].cache_output(out)
