@@ -232,6 +232,48 @@ def test_auto_may_pick_the_heads_and_stays_lossless(dec, prompts, reference, hf_
     assert head in used, set(used)
 
 
+def test_eagle_feeds_no_features_of_a_request_that_stopped(dec, monkeypatch):
+    """A request that stops (a stop token, a stop string) inside an accepted path keeps
+    fewer tokens than the target produced features for; the proposer must not feed those
+    (regression: a shape error inside engine.step once the backlog was fed)."""
+    import leapdecode.proposers.eagle as eagle_mod
+
+    monkeypatch.setattr(eagle_mod, "BACKLOG", 0)  # fed at once, as a long backlog would be
+    prop = dec.engine.proposers["eagle"]
+    head: Eagle3Head = prop.head
+    seq = dec.request(list(range(5, 30)), method="eagle", max_new_tokens=8)
+    seq.slot = 0
+    prop.add([seq])
+    seq.append([40])  # the prefill's token
+    seq.finished = True  # say the next step's accepted path held a stop token at once
+    feats = torch.randn(25 + 3, len(head.aux_layers), head.target_hidden)  # prompt + 3 accepted
+    prop.target_hidden([seq], [feats], [None])
+    assert not prop.pending[seq.id] and seq.id not in prop.root
+    prop.remove([seq])
+
+
+def test_a_broken_heads_folder_beside_the_target_is_skipped(target_dir, tmp_path, heads, caplog):
+    """Heads beside a target load by themselves, so a broken one (a killed write, a bad
+    config) must not stop the other methods; given explicitly, it is a clear error."""
+    import shutil
+
+    target = tmp_path / "t"
+    target.symlink_to(target_dir)
+    shutil.copytree(heads[1], tmp_path / "t-eagle")
+    weights = tmp_path / "t-eagle" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # truncated
+    (tmp_path / "t-medusa").mkdir()
+    (tmp_path / "t-medusa" / "config.json").write_text("{not json")
+    with caplog.at_level("WARNING", logger="leapdecode"):
+        dec = LeapDecoder.from_pretrained(str(target))
+    assert "eagle" not in dec.engine.proposers and "medusa" not in dec.engine.proposers
+    assert "not loading" in caplog.text and "t-eagle" in caplog.text
+    assert dec.generate("def f(x):", method="ngram", max_new_tokens=4).token_ids
+    for path in ("t-eagle", "t-medusa"):
+        with pytest.raises(LeapDecodeError, match="retrain|could not be read"):
+            LeapDecoder.from_pretrained(target_dir, speculators=[str(tmp_path / path)])
+
+
 def test_errors_say_what_to_do(target_dir, tmp_path, heads):
     bare = LeapDecoder.from_pretrained(target_dir, speculators=[])
     with pytest.raises(LeapDecodeError, match="--speculator"):

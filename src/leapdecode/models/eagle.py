@@ -178,12 +178,17 @@ class Eagle3Head(nn.Module):
         c, state = read_folder(path, "an EAGLE head", "eagle")
         if c.get("architectures") != ["Eagle3Head"]:
             raise LeapDecodeError(f"{path}/config.json is not an Eagle3Head config (architectures)")
-        d2t = state.pop("d2t")
-        ids = d2t + torch.arange(len(d2t))
-        head = cls(c["hidden_size"], c["target_hidden_size"], c["num_attention_heads"],
-                   c["num_key_value_heads"], c["head_dim"], c["intermediate_size"],
-                   c["vocab_size"], ids, tuple(c["eagle_aux_hidden_state_layer_ids"]),
-                   c["rope_theta"], c["max_position_embeddings"], c["rms_norm_eps"])  # fmt: skip
+        try:
+            d2t = state.pop("d2t")
+            ids = d2t + torch.arange(len(d2t))
+            head = cls(c["hidden_size"], c["target_hidden_size"], c["num_attention_heads"],
+                       c["num_key_value_heads"], c["head_dim"], c["intermediate_size"],
+                       c["vocab_size"], ids, tuple(c["eagle_aux_hidden_state_layer_ids"]),
+                       c["rope_theta"], c["max_position_embeddings"], c["rms_norm_eps"])  # fmt: skip
+        except (KeyError, TypeError, ValueError) as e:
+            raise LeapDecodeError(
+                f"{path} lacks or mangles {e} for an EAGLE head: retrain with `leapdecode train eagle`"
+            ) from None
         try:
             head.load_state_dict(state)
         except RuntimeError as e:

@@ -23,10 +23,14 @@ def write_folder(out: str, state: dict, config: dict) -> None:
     from safetensors.torch import save_file
 
     os.makedirs(out, exist_ok=True)
-    save_file({k: v.detach().contiguous() for k, v in state.items()},
-              os.path.join(out, WEIGHTS), metadata={"format": "pt"})  # fmt: skip
-    with open(os.path.join(out, CONFIG), "w") as f:
+    # each file written whole, then moved in place: a killed write leaves the old folder
+    weights, cfg = os.path.join(out, WEIGHTS), os.path.join(out, CONFIG)
+    save_file({k: v.detach().contiguous() for k, v in state.items()}, weights + ".tmp",
+              metadata={"format": "pt"})  # fmt: skip
+    with open(cfg + ".tmp", "w") as f:
         json.dump(config, f, indent=1)
+    os.replace(weights + ".tmp", weights)
+    os.replace(cfg + ".tmp", cfg)
 
 
 def read_folder(path: str, what: str, kind: str) -> tuple[dict, dict]:
@@ -39,8 +43,19 @@ def read_folder(path: str, what: str, kind: str) -> tuple[dict, dict]:
             f"{path!r} is not {what} folder (config.json + model.safetensors): "
             f"train one with `leapdecode train {kind}`"
         )
-    with open(cfg_path) as f:
-        return json.load(f), load_file(os.path.join(path, WEIGHTS))
+    try:
+        with open(cfg_path) as f:
+            config = json.load(f)
+        weights = load_file(os.path.join(path, WEIGHTS))
+    except Exception as e:  # noqa: BLE001 - bad JSON, a truncated safetensors (SafetensorError)
+        raise LeapDecodeError(
+            f"{path!r} could not be read ({e}): retrain it with `leapdecode train {kind}`"
+        ) from None
+    if not isinstance(config, dict):
+        raise LeapDecodeError(
+            f"{cfg_path} is not a JSON object: retrain with `leapdecode train {kind}`"
+        )
+    return config, weights
 
 
 def beside(target: str) -> list[str]:
@@ -57,8 +72,11 @@ def kind_of(path: str) -> str:
             f"speculator path {path!r} has no config.json: pass a folder written by "
             "`leapdecode train medusa` or `leapdecode train eagle`"
         )
-    with open(cfg) as f:
-        arch = (json.load(f).get("architectures") or [""])[0]
+    try:
+        with open(cfg) as f:
+            arch = (json.load(f).get("architectures") or [""])[0]
+    except (OSError, ValueError, AttributeError, TypeError, IndexError) as e:
+        raise LeapDecodeError(f"{cfg} could not be read as a speculator config ({e})") from None
     kinds = {"MedusaHeads": "medusa", "Eagle3Head": "eagle"}
     if arch not in kinds:
         raise LeapDecodeError(
@@ -77,7 +95,7 @@ def load_found(paths: list[str], target: CausalLM) -> dict[str, object]:
     for path in paths:
         try:
             out.update(load_heads([path], target))
-        except LeapDecodeError as e:
+        except Exception as e:  # noqa: BLE001 - whatever is wrong with it, skip it and say so
             logging.getLogger("leapdecode").warning("not loading %s: %s", path, e)
     return out
 

@@ -56,10 +56,11 @@ class MedusaHeads(nn.Module):
         self.tree: list[tuple[int, ...]] = default_tree(num_heads)
         self.info: dict = {}
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """h [..., hidden] (the target's normed last hidden state) -> [..., K, hidden]; the
-        caller applies the target's LM head."""
-        return torch.stack([head(h) for head in self.medusa_head], dim=-2)
+    def forward(self, h: torch.Tensor, n: int | None = None) -> torch.Tensor:
+        """h [..., hidden] (the target's normed last hidden state) -> [..., n, hidden], the
+        first n heads (default all); the caller applies the target's LM head."""
+        heads = self.medusa_head if n is None else self.medusa_head[:n]
+        return torch.stack([head(h) for head in heads], dim=-2)
 
     # -------------------------------------------------------------- files
     def save(self, out: str, extra: dict | None = None) -> None:
@@ -82,7 +83,11 @@ class MedusaHeads(nn.Module):
         cfg_path = os.path.join(path, "config.json")
         if "medusa_num_heads" not in cfg:
             raise LeapDecodeError(f"{cfg_path} has no medusa_num_heads: not a Medusa heads folder")
-        heads = cls(int(cfg["medusa_num_heads"]), int(cfg["hidden_size"]))
+        try:
+            heads = cls(int(cfg["medusa_num_heads"]), int(cfg["hidden_size"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise LeapDecodeError(f"{cfg_path} lacks or mangles {e}: retrain with "
+                                  "`leapdecode train medusa`") from None  # fmt: skip
         try:
             heads.load_state_dict(state)
         except (RuntimeError, OSError) as e:

@@ -60,19 +60,23 @@ class EagleProposer(Proposer):
                 self.v_cache[: old_v.shape[0]] = old_v
 
     def add(self, seqs: list[Sequence]) -> None:
-        self._ensure_slots(1 + max(s.slot for s in seqs))
+        # only eagle requests (and auto ones, which may pick it) keep features and a cache
+        seqs = [s for s in seqs if s.spec.method in (self.name, "auto")]
+        if seqs:
+            self._ensure_slots(1 + max(s.slot for s in seqs))
         for s in seqs:
-            if s.spec.method not in (self.name, "auto"):
-                continue  # only eagle requests (and auto ones, which may pick it) keep features
             self.fed[s.id] = 0
             self.pending[s.id] = []
 
     def target_hidden(self, seqs, hidden, final) -> None:
         for s, h in zip(seqs, hidden, strict=True):
-            if h is not None and s.id in self.pending:
+            # a finished row (stopped inside the accepted path) leaves this step: it may hold
+            # fewer new tokens than features, and needs no more drafts
+            if h is not None and s.id in self.pending and not s.finished:
                 self.pending[s.id].append(h.float())
         # rows that keep getting k = 0 (a busy batch) would pile up features: feed them now
-        backlog = [s for s in seqs if sum(len(x) for x in self.pending.get(s.id, ())) > BACKLOG]
+        backlog = [s for s in seqs if not s.finished
+                   and sum(len(x) for x in self.pending.get(s.id, ())) > BACKLOG]  # fmt: skip
         if backlog:
             with torch.inference_mode():
                 self._catch_up(backlog)
@@ -99,8 +103,8 @@ class EagleProposer(Proposer):
             self.pending[s.id] = []
             fed = self.fed[s.id]
             n = 0 if aux is None else len(aux)
-            feats.append(aux)
             toks.append(s.tokens[fed + 1 : fed + 1 + n])  # the token after each feature
+            feats.append(None if aux is None else aux[: len(toks[-1])])
         counts = torch.tensor([len(t) for t in toks])
         if int(counts.min()) == 0:
             raise RuntimeError("eagle: a sequence has no new target features to draft from")
@@ -152,6 +156,7 @@ class EagleProposer(Proposer):
     def _grow(self, seqs: list[Sequence], budgets: list[int], top_k: int, depth: int):
         """The draft trees (tokens, parents) of `seqs`, top_k nodes kept per depth, `depth`
         depths (see the module notes)."""
+        depth = min(depth, max(budgets))  # b nodes reach depth b at most: the same trees
         for s in seqs:
             s.stats.draft_forwards += depth  # the catch-up, then one per depth grown
         fresh = [s for s in seqs if self.pending[s.id]]
@@ -214,14 +219,18 @@ class EagleProposer(Proposer):
         parents = torch.cat(cand_parent, 1).cpu()
         trees = []
         for i, budget in enumerate(budgets):
-            order = scores[i].argsort(descending=True, stable=True)[:budget].tolist()
+            row = scores[i].nan_to_num(nan=float("-inf"))
+            # a child never scores above its parent and has a larger id: on ties the stable
+            # order keeps the parent first, so the best `budget` are a tree
+            order = row.argsort(descending=True, stable=True)[:budget].tolist()
             chosen = set(order)
-            for c in list(order):  # ties could drop a parent: add it back
+            for c in list(order):  # defensive: a dropped parent is added back
                 p = int(parents[i, c])
                 while p >= 0 and p not in chosen:
                     chosen.add(p)
                     p = int(parents[i, p])
-            nodes = sorted(chosen)  # candidate ids grow with depth: parents come first
+            # candidate ids grow with depth: parents come first, and any prefix is a tree
+            nodes = sorted(chosen)[:budget]
             index = {c: j + 1 for j, c in enumerate(nodes)}
             tokens = [int(toks[i, c]) for c in nodes]
             par = [index.get(int(parents[i, c]), 0) for c in nodes]

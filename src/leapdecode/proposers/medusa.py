@@ -26,6 +26,7 @@ class MedusaProposer(Proposer):
         self.target = target
         self.last: dict[int, torch.Tensor] = {}  # seq id -> [hidden] at its last cached input
         self.max_rank = 1 + max((p[-1] for p in heads.tree), default=0)
+        self.layouts: dict[int, tuple[list[int], list[int], list[int]]] = {}  # k -> layout
 
     def add(self, seqs: list[Sequence]) -> None:
         for s in seqs:
@@ -34,7 +35,7 @@ class MedusaProposer(Proposer):
     def target_hidden(self, seqs, hidden, final) -> None:
         for s, f in zip(seqs, final, strict=True):
             if f is not None and len(f) and s.spec.method in (self.name, "auto"):
-                self.last[s.id] = f[-1]
+                self.last[s.id] = f[-1].clone()  # not a view keeping the prefill's states
 
     def ready(self, seq: Sequence) -> bool:
         return seq.id in self.last
@@ -51,15 +52,17 @@ class MedusaProposer(Proposer):
             return Drafts.empty(len(seqs))
         for i in rows:
             seqs[i].stats.draft_forwards += 1  # one pass of the heads
+        for i in rows:
+            if ks[i] not in self.layouts:  # the static tree's first k nodes
+                self.layouts[ks[i]] = tree_layout(self.heads.tree, ks[i])
+        n = max(max(self.layouts[ks[i]][0]) + 1 for i in rows)  # heads the trees reach
         h = torch.stack([self.last[seqs[i].id] for i in rows]).float()  # [R, hidden]
-        z = self.heads(h)  # [R, K, hidden]
-        logits = self.target.head_logits(z)  # [R, K, V]
-        top = logits.topk(self.max_rank, dim=-1).indices.cpu()  # [R, K, ranks]
-        trees, layouts = [], {}  # rows with the same k share one layout
+        z = self.heads(h, n)  # [R, n, hidden]
+        logits = self.target.head_logits(z)  # [R, n, V]
+        top = logits.topk(self.max_rank, dim=-1).indices.cpu()  # [R, n, ranks]
+        trees = []
         for j, i in enumerate(rows):
-            if ks[i] not in layouts:
-                layouts[ks[i]] = tree_layout(self.heads.tree, ks[i])
-            head, rank, parents = layouts[ks[i]]
+            head, rank, parents = self.layouts[ks[i]]
             tokens = top[j, head, rank].tolist()
             trees.append((tokens, parents))
         out: list[tuple[list[int], list[int]]] = [([], [])] * len(seqs)

@@ -84,7 +84,14 @@ def _tokens(args, teacher_path: str, run_dir: str):
     root, files = _corpus(args)
     cache = os.path.join(run_dir, "tokens")
     train = load_or_encode(tokenizer, root, files, "train", cache)
-    return train, load_or_encode(tokenizer, root, files, "validation", cache)
+    val = load_or_encode(tokenizer, root, files, "validation", cache)
+    for name, split in (("training", train), ("validation", val)):
+        if len(split) < args.context + 2:
+            raise LeapDecodeError(
+                f"the corpus' {name} split has {len(split)} tokens, too few for --context "
+                f"{args.context}: add files (--data), raise --val-percent or lower --context"
+            )
+    return train, val
 
 
 def measured_acceptance(target: str, out: str, kind: str, n_prompts: int) -> dict:
