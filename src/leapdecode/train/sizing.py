@@ -159,7 +159,8 @@ def _write_table(report: dict, drafts: dict, path: str) -> None:
         f"same batches (schedule `{report['schedule']}`, repeat share {report['repeat_share']}, "
         f"revision share {report['edit_share']}, peak lr {report['lr']}), float32 on the "
         "2-core CPU. Validation loss is fitted as L = a + b t^-c (one exponent c for all "
-        "candidates, a >= 1) over the later 70% of each run and extrapolated to the main budget of {report['budget_hours']:g} h. Decode: "
+        "candidates, a >= 1) over the later 70% of each run and extrapolated to the main "
+        f"budget of {report['budget_hours']:g} h. Decode: "
         "native backend, bf16 weights for the targets and float32 for the 1-layer drafts "
         "(2048-token head), one token after 256 cached, median of one interleaved run.",
         "",
