@@ -78,10 +78,11 @@ class Scheduler:
             self.estimates[key] = _Estimate(self.global_rate[method])
         return self.estimates[key]
 
-    def observe(self, seqs, plan, counts, n_accepted, propose_s: float, verify_s: float,
+    def observe(self, seqs, plan, counts, n_accepted, draft_s: float, verify_s: float,
                 spans=None) -> None:  # fmt: skip
         """counts: draft tokens (tree nodes) verified per row; spans: the longest run each row
-        could accept (a tree's depth; a chain's length, the default)."""
+        could accept (a tree's depth; a chain's length, the default); draft_s: the draft
+        model's propose time this step (not the other proposers', nor the planning)."""
         spans = counts if spans is None else spans
         rows = len(seqs) + sum(counts)
         draft_rows = [i for i, (m, _) in enumerate(plan) if m == "draft" and counts[i]]
@@ -93,7 +94,7 @@ class Scheduler:
             self.k_counts[counts[i]] = self.k_counts.get(counts[i], 0) + 1
         if self.cost is not None:
             steps = max((counts[i] for i in draft_rows), default=0)
-            self.cost.observe(len(seqs), rows, verify_s, steps, len(draft_rows), propose_s)
+            self.cost.observe(len(seqs), rows, verify_s, steps, len(draft_rows), draft_s)
 
     # -------------------------------------------------------------------- plan
     def plan(self, seqs: list[Sequence]) -> list[tuple[str, int]]:
