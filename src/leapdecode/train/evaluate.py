@@ -94,24 +94,6 @@ def scored_windows(models: dict, tokenizer, files, context: int):
     return nll, count, agree
 
 
-def decode_ms(path: str, context: int = 256, reps: int = 100) -> float:
-    from ..models import load_model
-
-    m = load_model(path)
-    context = min(context, m.max_context // 2)
-    slot = torch.tensor([0])
-    m.allocate(1, context + 8)
-    m.forward(torch.randint(0, m.vocab_size, (1, context)), slot)
-    times = []
-    tok = torch.tensor([[1]])
-    for _ in range(reps + 10):
-        t0 = time.perf_counter()
-        m.forward(tok, slot)
-        times.append(time.perf_counter() - t0)
-        m.truncate(slot, torch.tensor([context]))
-    return statistics.median(times[10:]) * 1e3
-
-
 def interleaved_decode_ms(paths: dict[str, str], draft_names=frozenset(), context: int = 256,
                           reps: int = 300, draft_head: int = 2048) -> dict[str, float]:  # fmt: skip
     """Decode step (one token after `context` cached) of several models, timed in turns so
@@ -140,6 +122,22 @@ def interleaved_decode_ms(paths: dict[str, str], draft_names=frozenset(), contex
             times[name].append(time.perf_counter() - t0)
             m.truncate(slot, torch.tensor([context]))
     return {name: statistics.median(t[20:]) * 1e3 for name, t in times.items()}
+
+
+def pair_decode_ms(paths: dict[str, str]) -> dict[str, float]:
+    """The pair's decode steps as generation runs them (target in its checkpoint dtype,
+    draft in float32 with its recommended head, one thread), in one interleaved run."""
+    from ..proposers.draft_model import read_vocab_ranking
+
+    ranking = read_vocab_ranking(paths.get("draft"))
+    head = int(ranking["recommended"]) if ranking else 1 << 30
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        drafts = {"draft"} if "draft" in paths else set()
+        return interleaved_decode_ms(paths, drafts, draft_head=head)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def validation_prompts(tokenizer, files, n: int, prompt_tokens: int = 192) -> list[str]:
@@ -191,11 +189,12 @@ def evaluate_and_write_cards(args) -> dict:
     report = {"validation_files": len(files), "validation_bytes": n_bytes,
               "validation_tokens": count, "xz_9e_bits_per_byte": xz,
               "corpus_manifest_sha256": manifest["sha256"]}  # fmt: skip
+    ms = pair_decode_ms(paths)
     for name in paths:
         report[name] = {
             "validation_loss_nats_per_token": nll[name] / count,
             "bits_per_byte": nll[name] / math.log(2) / n_bytes,
-            "decode_ms_per_token": decode_ms(paths[name]),
+            "decode_ms_per_token": ms[name],
         }
         report[name]["bits_per_byte_vs_xz"] = report[name]["bits_per_byte"] / xz
     if not getattr(args, "no_copying", False):
@@ -334,7 +333,9 @@ def write_card(path: str, kind: str, report: dict, model) -> None:
         f"| bits per byte | {r['bits_per_byte']:.3f} |",
         f"| `xz -9e`, file by file | {report['xz_9e_bits_per_byte']:.3f} bits per byte |",
         f"| model / xz | {r['bits_per_byte_vs_xz']:.3f} |",
-        f"| decode, one token (native backend, fp32, CPU) | {r['decode_ms_per_token']:.2f} ms |",
+        f"| decode, one token after 256 (native backend, 1 thread, CPU; target in its "
+        f"checkpoint dtype, draft in fp32 with its recommended head; one interleaved run) "
+        f"| {r['decode_ms_per_token']:.2f} ms |",
     ]
     if "copy_score" in r:
         lines += [
