@@ -4,7 +4,10 @@
   bytes compressed file by file with xz at `-9e` (Python's `lzma`, preset 9 | EXTREME);
 - draft: greedy agreement with the target (both argmaxes equal, teacher-forced) and mean
   accepted tokens per target forward at k = 4 on validation prompts;
-- decode ms/token of each model (native backend, float32, one token after 256 cached).
+- decode ms/token of the pair as generation runs them (target in its checkpoint dtype, draft
+  in float32 with its recommended head, one thread, one token after 256 cached), timed in
+  turns in one run;
+- copying: a held-out function asked for again, the bench's revision prompts, looping.
 """
 
 from __future__ import annotations
