@@ -3,6 +3,7 @@
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -293,6 +294,48 @@ def test_bench_serve_smoke(tmp_path, target_dir, draft_dir):
     assert {"none", "auto", "draft k=2", "ngram k=4", "suffix k=16", "lookahead W3 N3 G3"} <= labels
     assert all(c["errors"] == 0 and c["throughput"] > 0 for c in data["cells"])
     assert (out / "throughput.png").exists() and "auto" in (out / "results.md").read_text()
+
+
+def test_bench_serve_rounds_move_every_configuration_and_its_neighbours():
+    """Drift must not favour a configuration: over the rounds each one runs in different
+    slots after different neighbours (rotated, and reversed every other round)."""
+    from leapdecode.bench.serve import round_order
+
+    cfgs = list("abcdef")
+    orders = [round_order(cfgs, r) for r in range(3)]
+    assert all(sorted(o) == cfgs for o in orders)
+    assert orders[1] == orders[0][::-1]  # a pair of rounds: A then A reversed
+    for c in cfgs:
+        assert o_sum(orders[:2], c) == len(cfgs) - 1  # the pair's mean slot is the middle
+        assert len({o.index(c) for o in orders}) >= 2, (c, orders)
+        before = {o[o.index(c) - 1] if o.index(c) else None for o in orders}
+        assert len(before) >= 2, (c, orders)
+
+
+def o_sum(orders, c):
+    return sum(o.index(c) for o in orders)
+
+
+def test_bench_soak_counts_hang_ups_and_completions(tmp_path, target_dir, draft_dir):
+    """`leapdecode bench soak` on the tiny pair: exactly the asked share of clients hangs up,
+    the server counts them as aborted, every other request completes well-formed."""
+    from leapdecode.cli import main
+
+    out, prompts = tmp_path / "soak", tmp_path / "prompts"
+    prompts.mkdir()
+    for cat in ("completion", "revision", "grounded", "free"):
+        rows = [{"id": f"{cat}-{i}", "prompt": f"def {cat}_{i}(x):\n    return", "max_new_tokens": 8}
+                for i in range(2)]  # fmt: skip
+        (prompts / f"{cat}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    main(["bench", "soak", "--target", target_dir, "--draft", draft_dir, "--threads", "1",
+          "--prompts", str(prompts), "--requests", "20", "--clients", "4",
+          "--max-new-tokens", "6", "--out", str(out)])  # fmt: skip
+    report = (out / "soak.md").read_text()  # (the exit code also judges RSS: not asserted here)
+    assert "| disconnected | 2 |" in report and "| ok | 18 |" in report, report
+    assert "completed well-formed: 18 of the 18" in report, report
+    # a hang-up the server notices only after the last token is not an abort: at most 2
+    aborted = re.search(r"counted (\d+) aborted requests", report)
+    assert aborted and int(aborted.group(1)) <= 2, report
 
 
 def test_client_watch_notices_a_gone_client_while_events_keep_coming():

@@ -3,8 +3,12 @@
 For each concurrency C, C client threads send the bench prompts (all categories, round
 robin) as streaming completions, each waiting for its answer before sending the next,
 until `requests` have been answered. Every speculation configuration runs through the same
-server (the request's `speculation` field picks it), interleaved per round with the order
-rotated, and each figure is the median over rounds. Reported per (configuration, C):
+server (the request's `speculation` field picks it), interleaved per round, the order
+rotated each round and reversed every other round (so no configuration keeps a slot or a
+neighbour), after an untimed warm-up at each concurrency; each figure is the median over
+rounds. The server keeps no earlier outputs for suffix decoding
+(`--suffix-max-cached-requests 0`): the rounds repeat the same prompts, and a global tree of
+their greedy outputs would replay the answers (`bench repeated` measures that effect). Reported per (configuration, C):
 throughput (completion tokens per second of wall time), time to first token and
 inter-token latency percentiles (p50, p90), tokens per target forward.
 
@@ -152,30 +156,51 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def start_server(args, port: int) -> subprocess.Popen:
+def start_server(args, port: int, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    """`leapdecode serve` on 127.0.0.1:port with the bench's model options; its output goes
+    to <out>/server.log (read on failure; a pipe nobody reads would block the server)."""
     import httpx
 
     cmd = [sys.executable, "-m", "leapdecode", "serve", "--host", "127.0.0.1", "--port",
            str(port), "--speculation", "auto", "--max-num-seqs", str(max(args.concurrency)),
-           "--max-queue", "1024", "--dtype", args.dtype]  # fmt: skip
-    for flag in ("target", "draft", "draft_dtype", "threads"):
+           "--max-queue", "1024", "--dtype", args.dtype, "--backend", args.backend, *extra]  # fmt: skip
+    for flag in ("target", "draft", "draft_dtype", "threads", "device"):
         v = getattr(args, flag)
         if v is not None:
             cmd += ["--" + flag.replace("_", "-"), str(v)]
     for path in args.speculator or ():
         cmd += ["--speculator", path]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    os.makedirs(args.out, exist_ok=True)
+    log_path = os.path.join(args.out, "server.log")
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+    log.close()  # the child holds its own copy
+    proc.log_path = log_path
     deadline = time.time() + 300
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise LeapDecodeError(f"the server did not start: {proc.stderr.read()[-2000:]}")
+            raise LeapDecodeError(f"the server did not start: {server_log(proc)}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
                 return proc
         except httpx.HTTPError:
             time.sleep(0.5)
-    proc.kill()
-    raise LeapDecodeError("the server did not answer /health within 300 s")
+    stop_server(proc)
+    raise LeapDecodeError(f"the server did not answer /health within 300 s: {server_log(proc)}")
+
+
+def server_log(proc, tail: int = 2000) -> str:
+    with open(proc.log_path) as f:
+        return f.read()[-tail:]
+
+
+def stop_server(proc) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _heads(args) -> list[str]:
@@ -211,16 +236,16 @@ def cmd_serve_bench(args) -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        proc = start_server(args, port)
+        proc = start_server(args, port, ("--suffix-max-cached-requests", "0"))
         url = f"http://127.0.0.1:{port}"
     try:
         info = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]
         model = info["id"]
-        has_draft = not args.no_draft
+        has_draft = not args.no_draft and (args.url is not None or _local_draft(args))
         cfgs = configs(has_draft, args.draft_k, args.ngram_k, args.suffix_k, args.lookahead,
                        _heads(args), args.heads_k)  # fmt: skip
         if args.configs:
-            keep = set(args.configs.split(","))
+            keep = set(args.configs.split(",")) | {"none"}  # none: every ratio's baseline
             cfgs = [c for c in cfgs if c.label.split(" ")[0] in keep or c.label in keep]
         # warm-up: every configuration once
         for c in cfgs:
@@ -232,9 +257,10 @@ def cmd_serve_bench(args) -> int:
         bar = tqdm(total=len(levels) * args.rounds * len(cfgs), desc="bench serve", unit="run")
         for conc in levels:
             n = max(args.requests_min, args.requests_per_client * conc)
+            for c in (cfgs[0], cfgs[-1]):  # untimed: the first batches of this size
+                run_load(url, model, rows, c, conc, conc, start=len(rows) // 2)
             for r in range(args.rounds):
-                shift = r % len(cfgs)
-                for c in cfgs[shift:] + cfgs[:shift]:
+                for c in round_order(cfgs, r):
                     bar.set_postfix_str(f"C={conc} {c.label}")
                     res = run_load(url, model, rows, c, conc, n, start=r * n)
                     cells.setdefault((c.label, conc), []).append(res)
@@ -242,12 +268,30 @@ def cmd_serve_bench(args) -> int:
             meta["levels"] = meta["levels"] + [conc]  # written level by level: a long run
             write(summarize(cells, cfgs, meta["levels"]), meta, args.out)  # keeps what it has
         bar.close()
+    except BaseException:
+        if proc is not None:
+            print(f"server log (tail):\n{server_log(proc)}", file=sys.stderr)
+        raise
     finally:
         if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=30)
+            stop_server(proc)
     print(open(os.path.join(args.out, "results.md")).read())
     return 0
+
+
+def round_order(cfgs: list, r: int) -> list:
+    """Round r's order, ABBA-style: each odd round is the round before it reversed (so a
+    drift over a pair of rounds costs every configuration alike), and each pair starts half
+    the list further on, so configurations also meet different neighbours."""
+    shift = (r // 2) * max(1, len(cfgs) // 2) % len(cfgs)
+    order = cfgs[shift:] + cfgs[:shift]
+    return order[::-1] if r % 2 else order
+
+
+def _local_draft(args) -> bool:
+    from ..paths import resolve_models
+
+    return resolve_models(args.target, args.draft)[1] is not None
 
 
 def summarize(cells, cfgs, levels) -> list[dict]:
@@ -269,16 +313,16 @@ def summarize(cells, cfgs, levels) -> list[dict]:
                 "errors": sum(len(r["errors"]) for r in runs),
                 "error_examples": [e for r in runs for e in r["errors"]][:3],
             })  # fmt: skip
+    nan = float("nan")
     for row in out:
-        base = next(
-            r for r in out if r["config"] == "none" and r["concurrency"] == row["concurrency"]
-        )
+        base = next((r for r in out
+                     if r["config"] == "none" and r["concurrency"] == row["concurrency"]), None)  # fmt: skip
         row["vs_none"] = (
-            row["throughput"] / base["throughput"] if base["throughput"] else float("nan")
+            row["throughput"] / base["throughput"] if base and base["throughput"] else nan
         )
         fixed = [r["throughput"] for r in out if r["concurrency"] == row["concurrency"]
                  and r["config"] != "auto"]  # fmt: skip
-        row["vs_best_fixed"] = row["throughput"] / max(fixed) if max(fixed) else float("nan")
+        row["vs_best_fixed"] = row["throughput"] / max(fixed) if fixed and max(fixed) else nan
     return out
 
 
@@ -295,7 +339,9 @@ def write(summary: list[dict], meta: dict, out_dir: str) -> None:
         f"Server: {meta['model']} ({meta['url']}); greedy; streaming completions over the bench "
         f"prompt sets ({meta['prompts']} prompts, all categories round robin); "
         f"{meta['requests_per_client']} requests per client thread; configurations interleaved, "
-        f"order rotated each round; median of {meta['rounds']} rounds.",
+        f"order rotated each round and reversed every other round, after an untimed warm-up "
+        f"at each concurrency; median of {meta['rounds']} rounds. The server keeps no earlier "
+        f"outputs for suffix decoding (the rounds repeat the prompts).",
         "",
         "## Throughput (completion tokens/s) and x `none` at the same concurrency",
         "",
@@ -380,7 +426,7 @@ def add_parser(what, model_args, prompts_dir: str) -> None:
     sv.add_argument("--url", default=None, help="a running server (default: start one here)")
     sv.add_argument("--no-draft", action="store_true", help="skip the draft configurations")
     sv.add_argument("--prompts", default=prompts_dir)
-    sv.add_argument("--concurrency", default="1,2,4,8,16")
+    sv.add_argument("--concurrency", default="1,2,3,4,6,8,12,16")
     sv.add_argument("--draft-k", default="2,4")
     sv.add_argument("--ngram-k", default="4,8")
     sv.add_argument("--suffix-k", default="16")
@@ -391,9 +437,9 @@ def add_parser(what, model_args, prompts_dir: str) -> None:
     sv.add_argument("--heads-k", type=int, default=16, help="tree size for medusa and eagle")
     sv.add_argument("--configs", default=None,
                     help="only these (none,draft,ngram,suffix,lookahead,auto,...)")  # fmt: skip
-    sv.add_argument("--rounds", type=int, default=2)
-    sv.add_argument("--requests-per-client", type=int, default=2)
-    sv.add_argument("--requests-min", type=int, default=6)
+    sv.add_argument("--rounds", type=int, default=3)
+    sv.add_argument("--requests-per-client", type=int, default=4)
+    sv.add_argument("--requests-min", type=int, default=8)
     sv.add_argument("--max-new-tokens", type=int, default=None, help="cap each prompt's budget")
     sv.add_argument("--out", default=os.path.join("docs", "bench", "serve"))
 
@@ -420,16 +466,16 @@ def cmd_soak(args) -> int:
         with open(f"/proc/{proc.pid}/status") as f:
             return next(int(x.split()[1]) for x in f if x.startswith("VmRSS"))
 
-    rng = random.Random(0)
-    plan = [rng.random() < args.disconnect_share for _ in range(args.requests)]
+    # exactly the share asked for hangs up, spread at random over the run
+    hang_up = set(random.Random(0).sample(range(args.requests),
+                                          round(args.disconnect_share * args.requests)))  # fmt: skip
+    plan = [i in hang_up for i in range(args.requests)]
 
-    def one(i: int) -> str:
+    def one(i: int, warm: bool = False) -> str:
         row = rows[i % len(rows)]
         body = {"prompt": row["prompt"], "max_tokens": min(args.max_new_tokens, row["max_new_tokens"]),
                 "temperature": 0, "stream": True, "speculation": {"method": "auto"}}  # fmt: skip
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
-            if r.status_code >= 500:
-                return f"http {r.status_code}"
             if r.status_code != 200:
                 return f"http {r.status_code}"
             lines = []
@@ -437,20 +483,31 @@ def cmd_soak(args) -> int:
                 if not line:
                     continue
                 lines.append(line)
-                if plan[i] and len(lines) >= 2:
+                if not warm and plan[i] and len(lines) >= 2:
                     return "disconnected"  # hang up mid-stream
-            if lines[-1] != "data: [DONE]":
+            if lines and lines[-1].startswith("data: {") and '"error"' in lines[-1]:
+                return f"error in stream: {lines[-1][:300]}"  # the server's 500, mid-stream
+            if not lines or lines[-1] != "data: [DONE]":
                 return "malformed: no [DONE]"
             last = json.loads(lines[-2][len("data: ") :])
             if last["choices"][0]["finish_reason"] not in ("stop", "length") or "usage" not in last:
                 return "malformed: last chunk"
             return "ok"
 
+    def aborted() -> int:
+        """Requests the server finished as aborted (its /metrics)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(url + "/metrics", timeout=10).text
+        return int(sum(s.value for fam in text_string_to_metric_families(text)
+                       for s in fam.samples
+                       if s.name == "leapdecode:requests_total" and s.labels.get("status") == "abort"))  # fmt: skip
+
     try:
-        # warm-up, then the memory baseline
-        for i in range(4):
-            one(i)
-        before = rss_kb()
+        # warm-up at full concurrency (the allocator's working set for batches of `clients`),
+        # then the memory baseline
+        parallel(2 * args.clients, args.clients, lambda i: one(i, warm=True))
+        before, aborted_before = rss_kb(), aborted()
         bar = tqdm(total=args.requests, desc="soak", unit="req")
         t0 = time.perf_counter()
         outcomes = parallel(args.requests, args.clients, one, on_done=bar.update)
@@ -459,15 +516,18 @@ def cmd_soak(args) -> int:
         wall = time.perf_counter() - t0
         time.sleep(2)
         health = httpx.get(url + "/health", timeout=10).json()
-        after = rss_kb()
+        after, n_aborted = rss_kb(), aborted() - aborted_before
+    except BaseException:
+        print(f"server log (tail):\n{server_log(proc)}", file=sys.stderr)
+        raise
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_server(proc)
     counts: dict[str, int] = {}
     for o in outcomes:
         counts[o] = counts.get(o, 0) + 1
     ok = counts.get("ok", 0)
     expected_ok = sum(1 for p in plan if not p)
+    growth = (after - before) / before
     lines = ["# Soak: clients that hang up mid-stream", "",
              f"{args.requests} streaming requests at concurrency {args.clients}, "
              f"{sum(plan)} of them ({args.disconnect_share:.0%}) hanging up after their first "
@@ -475,9 +535,12 @@ def cmd_soak(args) -> int:
              "| outcome | requests |", "|---|---|"]  # fmt: skip
     lines += [f"| {k} | {v} |" for k, v in sorted(counts.items())]
     lines += ["", f"- completed well-formed: {ok} of the {expected_ok} that did not hang up",
+              f"- the server counted {n_aborted} aborted requests (its /metrics) for the "
+              f"{counts.get('disconnected', 0)} hang-ups",
               f"- server afterwards: running {health['running']}, waiting {health['waiting']}",
-              f"- server RSS: {before / 1024:.0f} MiB before, {after / 1024:.0f} MiB after "
-              f"({(after - before) / before:+.1%})", ""]  # fmt: skip
+              f"- server RSS (after a warm-up at concurrency {args.clients}): "
+              f"{before / 1024:.0f} MiB before, {after / 1024:.0f} MiB after ({growth:+.1%}; "
+              f"limit +-10%)", ""]  # fmt: skip
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "soak.md"), "w") as f:
         f.write("\n".join(lines))
@@ -485,7 +548,7 @@ def cmd_soak(args) -> int:
     good = ok == expected_ok and not any(
         k.startswith(("http 5", "error", "malformed")) for k in counts
     )
-    return 0 if good and health["running"] == 0 else 1
+    return 0 if good and health["running"] == 0 and abs(growth) <= 0.10 else 1
 
 
 def add_soak_parser(what, model_args, prompts_dir: str) -> None:
