@@ -3,12 +3,12 @@
 For each concurrency C, C client threads send the bench prompts (all categories, round
 robin) as streaming completions, each waiting for its answer before sending the next,
 until `requests` have been answered. Every speculation configuration runs through the same
-server (the request's `speculation` field picks it), interleaved per round, the order
-rotated each round and reversed every other round (so no configuration keeps a slot or a
-neighbour), after an untimed warm-up at each concurrency; each figure is the median over
-rounds. The server keeps no earlier outputs for suffix decoding
+server (the request's `speculation` field picks it), interleaved per round in ABBA order
+(`round_order`), after an untimed warm-up at each concurrency; each figure is the median
+over rounds. The server keeps no earlier outputs for suffix decoding
 (`--suffix-max-cached-requests 0`): the rounds repeat the same prompts, and a global tree of
-their greedy outputs would replay the answers (`bench repeated` measures that effect). Reported per (configuration, C):
+their greedy outputs would replay the answers (`bench repeated` measures that effect).
+Reported per (configuration, C):
 throughput (completion tokens per second of wall time), time to first token and
 inter-token latency percentiles (p50, p90), tokens per target forward.
 
@@ -339,7 +339,7 @@ def write(summary: list[dict], meta: dict, out_dir: str) -> None:
         f"Server: {meta['model']} ({meta['url']}); greedy; streaming completions over the bench "
         f"prompt sets ({meta['prompts']} prompts, all categories round robin); "
         f"{meta['requests_per_client']} requests per client thread; configurations interleaved, "
-        f"order rotated each round and reversed every other round, after an untimed warm-up "
+        f"in ABBA order (each odd round reverses the one before), after an untimed warm-up "
         f"at each concurrency; median of {meta['rounds']} rounds. The server keeps no earlier "
         f"outputs for suffix decoding (the rounds repeat the prompts).",
         "",
