@@ -147,7 +147,8 @@ def test_interrupted_bench_run_resumes_after_its_last_finished_prompt(
     partial = out / "partial.jsonl"
     lines = partial.read_text().splitlines()
     assert len(lines) == 1 + 4  # the signature, then one line per finished prompt
-    partial.write_text("\n".join(lines[:3]) + "\n")  # as if killed during the third prompt
+    # as if killed while writing the third prompt's line: half a line at the end
+    partial.write_text("\n".join(lines[:3]) + "\n" + lines[3][: len(lines[3]) // 2])
     capsys.readouterr()
 
     assert main(argv) == 0
@@ -159,8 +160,30 @@ def test_interrupted_bench_run_resumes_after_its_last_finished_prompt(
     }
     assert all(c["mismatches"]["non_tie"] == 0 and c["tokens_per_s"] > 0 for c in cells)
 
-    with monkeypatch.context() as m:  # other settings never reuse the records
+    with monkeypatch.context() as m:  # other settings never reuse the records...
         m.setattr(report, "aggregate", interrupted)
         assert main(argv) == 130
-    assert main([*argv, "--ngram-k", "5"]) == 0
+    kept = partial.read_text()
+    capsys.readouterr()
+    assert main([*argv, "--ngram-k", "5"]) != 0  # ...nor overwrite them: an error says why
+    err = capsys.readouterr().err
+    assert "other settings (differing: methods)" in err and "--fresh" in err, err
+    assert partial.read_text() == kept
+    assert main([*argv, "--ngram-k", "5", "--fresh"]) == 0
     assert "already measured" not in capsys.readouterr().out
+
+
+def test_every_bench_prompt_comes_from_its_own_source():
+    """No two prompts share a (file, function): suffix's global tree holds earlier prompts'
+    outputs, and the same code twice would let it copy an answer."""
+    from leapdecode.bench import workloads
+
+    sets = workloads.load(workloads_dir())
+    sources = [r["source"] for rows in sets.values() for r in rows]
+    assert len(sources) == 80 and len(set(sources)) == len(sources)
+
+
+def workloads_dir():
+    from leapdecode.bench.command import PROMPTS
+
+    return PROMPTS

@@ -98,6 +98,27 @@ def test_global_tree_serves_later_requests_and_evicts_fifo():
     assert prop.speculate(c, 8)[0] == []
 
 
+def test_a_frozen_global_tree_holds_only_what_the_benchmark_caches():
+    """The sequential benchmark freezes the global tree: a prompt's own runs never enter it
+    (a repeat must not meet its earlier output), only outputs cached after each prompt."""
+    prop = SuffixProposer(max_depth=16)
+    prop.frozen = True
+    out = [7, 8, 9, 10, 11, 12, 13, 14]
+    a = _seq(0, [1, 2, 3])
+    prop.add([a])
+    a.tokens += out
+    prop.remove([a])
+    assert not prop.global_order and prop.global_tree.root.count == 0
+    b = _seq(1, [5, 7, 8, 9])
+    prop.add([b])
+    assert prop.speculate(b, 8)[0] == []  # nothing to replay
+    prop.remove([b])
+    prop.cache_output(out)  # what an earlier request wrote, as a server would have it
+    c = _seq(2, [5, 7, 8, 9])
+    prop.add([c])
+    assert prop.speculate(c, 8)[0][:3] == [10, 11, 12]
+
+
 def test_requests_of_other_methods_cost_the_suffix_proposer_nothing():
     prop = SuffixProposer()
     s = _seq(0, [1, 2, 3])

@@ -47,7 +47,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--threads", type=int, default=None,
-        help="CPU threads for torch (default 1, or $LEAPDECODE_THREADS; see the README)",
+        help="CPU threads for torch (default: $LEAPDECODE_THREADS, else the cores the machine's "
+        "load leaves free, at least 1; see the README)",
     )  # fmt: skip
 
 

@@ -221,20 +221,26 @@ def _signature(args, target, draft, dec, sets, methods, repeats, cap) -> dict:
     """What an interrupted run must share with this one for its records to be reused."""
     import hashlib
 
+    from ..models.heads import beside
+
     def stamp(path):
+        """A folder's weights and configs by name, size and modification time (a retrained
+        model of the same shape is another model)."""
         if not path:
             return None
         files = sorted(f for f in os.listdir(path) if f.endswith((".safetensors", ".json")))
-        st = [(f, os.path.getsize(os.path.join(path, f))) for f in files]
+        st = [(f, os.path.getsize(os.path.join(path, f)),
+               os.stat(os.path.join(path, f)).st_mtime_ns) for f in files]  # fmt: skip
         return [os.path.abspath(path), st]
 
     rows = [(r["id"], r["prompt"], r["max_new_tokens"]) for v in sets.values() for r in v]
     prompts = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
     return {
         "target": stamp(target), "draft": stamp(draft),
-        "speculators": [stamp(p) for p in (args.speculator or [])],
+        "speculators": [stamp(p) for p in (args.speculator or beside(target))],
         "dtype": str(dec.target.dtype), "draft_dtype": str(dec.draft.dtype) if dec.draft else None,
-        "device": str(args.device), "threads": torch.get_num_threads(),
+        "draft_vocab": args.draft_vocab,
+        "device": str(dec.target.device), "threads": torch.get_num_threads(),
         "methods": [m.label for m in methods], "repeats": repeats, "cap": cap,
         "draft_min_prob": args.draft_min_prob, "prompts": prompts, "torch": torch.__version__,
     }  # fmt: skip
@@ -280,7 +286,7 @@ def _summary(cells) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from .report import best
+    from .report import _f, best
 
     cats = list(dict.fromkeys(c["category"] for c in cells))
     names = list(dict.fromkeys(c["name"] for c in cells))
@@ -293,7 +299,7 @@ def _summary(cells) -> None:
         for cat in cats:
             b = best(cells, cat, name)
             row.append(
-                "-" if b is None else f"{b['tokens_per_s']:.0f} ({b['speedup_vs_none']:.2f}x)"
+                "-" if b is None else f"{b['tokens_per_s']:.0f} ({_f(b['speedup_vs_none'])}x)"
             )
         table.add_row(name, *row)
     Console().print(table)

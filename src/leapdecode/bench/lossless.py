@@ -41,6 +41,11 @@ def check(
     out: dict = defaultdict(lambda: {"non_tie": 0, "tie": 0, "details": []})
     for pid, recs in by_prompt.items():
         for label, r in recs.items():
+            if r.repeats_differing:  # greedy must repeat exactly: never a tie
+                cell = out[(r.category, label)]
+                cell["non_tie"] += 1
+                cell["details"].append({"prompt": pid, "reference": "its own first round",
+                                        "repeats_differing": r.repeats_differing, "tie": False})  # fmt: skip
             if r.name == "none":
                 ref = recs.get("hf-generate")
             elif r.name == "hf-generate":

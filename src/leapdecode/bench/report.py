@@ -1,4 +1,8 @@
-"""Aggregate the records per (category, method): JSON, a markdown table and PNG plots."""
+"""Aggregate the records per (category, method): JSON, a markdown table and PNG plots.
+
+A cell's tokens/s is its prompts' tokens over the sum of their median times (as Spec-Bench
+reports throughput), so long prompts weigh more than short ones; speedups are ratios of
+those totals, measured in the same run."""
 
 from __future__ import annotations
 
@@ -122,7 +126,7 @@ def markdown(cells: list[dict], meta: dict) -> str:
             row.append(
                 "–"
                 if b is None
-                else f"{b['tokens_per_s']:.0f} tok/s, {b['speedup_vs_none']:.2f}x"
+                else f"{b['tokens_per_s']:.0f} tok/s, {_f(b['speedup_vs_none'])}x"
                 + (
                     ""
                     if b["name"] in ("none", "hf-generate")

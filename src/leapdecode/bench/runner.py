@@ -1,16 +1,25 @@
 """Run every method on every prompt, interleaved, and keep the per-run records.
 
 Order: one warm-up pass of every method (untimed), then for each prompt `repeats` rounds;
-each round runs every method once, the order rotated round by round so no method always
-runs first after a prompt change. A (prompt, method) figure is the median of its rounds.
+each round runs every method once, in ABBA order (`round_order`: every odd round reverses
+the one before, and each pair of rounds starts half the list further on), so no method
+keeps a slot or a neighbour. A (prompt, method) figure is the median of its rounds; its
+counters come from the first round, and a later round whose tokens differ is recorded
+(`repeats_differing`: greedy decoding must repeat exactly).
+
+`suffix`'s global tree is frozen for the run: it holds the outputs of the prompts measured
+before (`none`'s, added after each prompt, as a server would have seen them), never the
+current prompt's own earlier runs.
 
 A full run takes longer than some sessions last, so each finished prompt's records are
 appended to a partial file; a run with the same settings resumes after the last finished
-prompt (its figures are per-prompt ratios measured interleaved, so they survive the break).
+prompt. A partial file of other settings stops the run with the differences (rather than
+being overwritten): pass --fresh to start over.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import statistics
@@ -22,6 +31,7 @@ from tqdm import tqdm
 
 from ..api import LeapDecoder
 from ..config import SpecConfig
+from ..errors import LeapDecodeError
 
 # leapdecode method -> its Hugging Face transformers counterpart
 COUNTERPART = {"none": "hf-generate", "draft": "hf-assisted", "ngram": "hf-lookup"}
@@ -100,6 +110,7 @@ class Record:
     propose_s: float = 0.0
     verify_s: float = 0.0
     accept_s: float = 0.0
+    repeats_differing: int = 0  # later rounds whose tokens differ from the first's
 
     @property
     def median_s(self) -> float:
@@ -132,29 +143,51 @@ def method_list(draft_ks, ngram_ks, peer_ks, with_draft: bool, with_peers: bool,
 
 def _run_once(dec: LeapDecoder, peers, m: Method, ids, max_new: int, min_prob: float):
     """(seconds, tokens, stats or None, target forwards)."""
+    gc.collect()  # no method pays for garbage another one left
     if m.ours:
         t0 = time.perf_counter()
         out = dec.generate(ids, method=m.method, k=m.k, max_new_tokens=max_new,
                            draft_min_prob=min_prob, **m.options)  # fmt: skip
-        if m.method == "suffix":  # what a prompt's own runs wrote is not an earlier request's
-            dec.engine.proposers["suffix"].drop_last()
         return time.perf_counter() - t0, out.token_ids, out.stats, out.stats.target_forwards
     t0 = time.perf_counter()
     tokens, forwards = peers.generate(ids, m.name, m.k, max_new, min_prob)
     return time.perf_counter() - t0, tokens, None, forwards
 
 
+def round_order(items: list, r: int) -> list:
+    """Round r's order, ABBA-style: each odd round is the round before it reversed (so a
+    drift over a pair of rounds costs every item alike), and each pair starts half the
+    list further on, so items also meet different neighbours."""
+    shift = (r // 2) * max(1, len(items) // 2) % len(items)
+    order = items[shift:] + items[:shift]
+    return order[::-1] if r % 2 else order
+
+
 def load_partial(path: str | None, signature: dict) -> dict[str, list[Record]]:
     """Finished prompts of an earlier run with the same signature: {prompt_id: records}.
-    A partial file of other settings is left alone here (the run overwrites it)."""
+    A partial file of other settings is an error that names the differences (hours of
+    records are not overwritten silently); a half-written last line is dropped."""
     if not path or not os.path.isfile(path):
         return {}
-    done: dict[str, list[Record]] = {}
+    rows = []
     with open(path) as f:
-        lines = [json.loads(line) for line in f if line.strip()]
-    if not lines or lines[0].get("signature") != json.loads(json.dumps(signature)):
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                break  # the run was killed while writing this line: it and any after go
+    if not rows or "signature" not in rows[0]:
         return {}
-    for row in lines[1:]:
+    old, new = rows[0]["signature"], json.loads(json.dumps(signature))
+    if old != new:
+        diff = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
+        raise LeapDecodeError(
+            f"{path} holds {len(rows) - 1} finished prompts of a run with other settings "
+            f"(differing: {', '.join(diff)}): rerun with the same settings to resume it, "
+            "or pass --fresh to start over (or --out elsewhere to keep it)"
+        )
+    done: dict[str, list[Record]] = {}
+    for row in rows[1:]:
         done[row["prompt_id"]] = [Record(**r) for r in row["records"]]
     return done
 
@@ -176,6 +209,9 @@ def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Meth
         os.makedirs(os.path.dirname(os.path.abspath(partial)), exist_ok=True)
         with open(partial, "w") as f:
             f.write(json.dumps({"signature": signature or {}}) + "\n")
+    suffix = dec.engine.proposers.get("suffix")
+    if suffix is not None:
+        suffix.frozen = True  # only cache_output below feeds the global tree
     first = next(iter(sets.values()))[0]
     warm_ids = dec.encode(first["prompt"])
     for m in methods:  # warm-up: allocator, oneDNN kernels, caches
@@ -189,13 +225,13 @@ def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Meth
               "(delete the file, or pass --fresh, to start over)")  # fmt: skip
     bar = tqdm(total=total, desc="bench", unit="run",
                initial=n_done * repeats * len(methods))  # fmt: skip
-    suffix_used = any(m.method == "suffix" for m in methods)
+    suffix_used = suffix is not None and any(m.method == "suffix" for m in methods)
     for cat, rows in sets.items():
         for row in rows:
             if row["id"] in done:
                 records.extend(done[row["id"]])
                 if suffix_used:  # the global tree holds every earlier prompt's output
-                    dec.engine.proposers["suffix"].cache_output(done[row["id"]][0].tokens)
+                    suffix.cache_output(done[row["id"]][0].tokens)
                 continue
             ids = dec.encode(row["prompt"])
             max_new = (
@@ -206,8 +242,7 @@ def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Meth
             recs = {m: Record(cat, row["id"], m.label, m.name, m.k) for m in methods}
             stats_by_rep = {m: [] for m in methods}
             for rep in range(repeats):
-                shift = rep % len(methods)
-                for m in methods[shift:] + methods[:shift]:
+                for m in round_order(methods, rep):
                     bar.set_postfix_str(f"{cat} {row['id']} {m.label}")
                     secs, tokens, stats, forwards = _run_once(
                         dec, peers, m, ids, max_new, draft_min_prob
@@ -216,6 +251,8 @@ def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Meth
                     r.seconds.append(secs)
                     if rep == 0:
                         r.tokens, r.target_forwards = tokens, forwards
+                    elif list(tokens) != list(r.tokens):
+                        r.repeats_differing += 1
                     stats_by_rep[m].append((secs, stats))
                     bar.update()
             for m, r in recs.items():
@@ -227,7 +264,7 @@ def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Meth
             if suffix_used:
                 # as a server would: later requests find this one's output in the global tree
                 out = next(r.tokens for r in recs.values())
-                dec.engine.proposers["suffix"].cache_output(out)
+                suffix.cache_output(out)
     bar.close()
     return records
 

@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from ..config import SpecConfig
 from ..errors import LeapDecodeError
+from .runner import round_order
 
 # A static batch-size -> k table after SGLang's adaptive candidates (bs 1 -> {1,3,5,7},
 # bs 8 -> {0,1,3}, bs 32 -> {0,1}), as vLLM / TRT-LLM static schedules configure it.
@@ -277,15 +278,6 @@ def cmd_serve_bench(args) -> int:
             stop_server(proc)
     print(open(os.path.join(args.out, "results.md")).read())
     return 0
-
-
-def round_order(cfgs: list, r: int) -> list:
-    """Round r's order, ABBA-style: each odd round is the round before it reversed (so a
-    drift over a pair of rounds costs every configuration alike), and each pair starts half
-    the list further on, so configurations also meet different neighbours."""
-    shift = (r // 2) * max(1, len(cfgs) // 2) % len(cfgs)
-    order = cfgs[shift:] + cfgs[:shift]
-    return order[::-1] if r % 2 else order
 
 
 def _local_draft(args) -> bool:

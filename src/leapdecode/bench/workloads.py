@@ -59,7 +59,7 @@ def _tail(text: str, chars: int) -> str:
     return text[cut:]
 
 
-def completion(files, rng: random.Random, n: int) -> list[dict]:
+def completion(files, rng: random.Random, n: int, used: set | None = None) -> list[dict]:
     cands = []
     for path, text in files:
         lines = text.splitlines(keepends=True)
@@ -75,14 +75,14 @@ def completion(files, rng: random.Random, n: int) -> list[dict]:
             "source": f"{p}:{name}",
             "prompt": _tail(pre, PROMPT_CHARS["completion"]),
         }
-        for i, (p, name, pre) in enumerate(_pick(cands, rng, n))
+        for i, (p, name, pre) in enumerate(_pick(cands, rng, n, used))
     ]
 
 
-def revision(files, rng: random.Random, n: int, tokenizer) -> list[dict]:
+def revision(files, rng: random.Random, n: int, tokenizer, used: set | None = None) -> list[dict]:
     cands = [(path, *c) for path, text in files for c in code_edits.candidates(text)]
     out = []
-    for i, (path, name, code, names) in enumerate(_pick(cands, rng, n)):
+    for i, (path, name, code, names) in enumerate(_pick(cands, rng, n, used)):
         prompt, rest, _ = code_edits.revision(code, names, rng)
         budget = min(
             MAX_NEW_TOKENS["revision"], len(tokenizer.encode(rest, add_special_tokens=False))
@@ -99,7 +99,7 @@ def revision(files, rng: random.Random, n: int, tokenizer) -> list[dict]:
     return out
 
 
-def grounded(files, rng: random.Random, n: int) -> list[dict]:
+def grounded(files, rng: random.Random, n: int, used: set | None = None) -> list[dict]:
     cands = []
     for path, text in files:
         tree = ast.parse(text)
@@ -115,7 +115,8 @@ def grounded(files, rng: random.Random, n: int) -> list[dict]:
             code = code[: code.rindex("\n") + 1]
             cands.append((path, module, node, code))
     out = []
-    for i, (path, module, node, code) in enumerate(_pick(cands, rng, n)):
+    picked = _pick(cands, rng, n, used, key=lambda c: (c[0], c[2].name))
+    for i, (path, module, node, code) in enumerate(picked):
         if isinstance(node, ast.ClassDef):
             methods = [m.name for m in node.body if isinstance(m, ast.FunctionDef)]
             target = next(
@@ -140,7 +141,7 @@ def grounded(files, rng: random.Random, n: int) -> list[dict]:
     return out
 
 
-def free(files, rng: random.Random, n: int) -> list[dict]:
+def free(files, rng: random.Random, n: int, used: set | None = None) -> list[dict]:
     cands = []
     for path, text in files:
         lines = text.splitlines(keepends=True)
@@ -154,25 +155,37 @@ def free(files, rng: random.Random, n: int) -> list[dict]:
                 cands.append((path, fn.name, head))
     return [
         {"id": f"free-{i}", "source": f"{p}:{name}", "prompt": head}
-        for i, (p, name, head) in enumerate(_pick(cands, rng, n))
+        for i, (p, name, head) in enumerate(_pick(cands, rng, n, used))
     ]
 
 
-def _pick(cands: list, rng: random.Random, n: int) -> list:
-    if len(cands) < n:
-        raise LeapDecodeError(f"only {len(cands)} candidates for {n} prompts: lower --per-category")
-    return rng.sample(cands, n)
+def _pick(cands: list, rng: random.Random, n: int, used: set | None = None,
+          key=lambda c: (c[0], c[1])) -> list:  # fmt: skip
+    """n candidates at random, each from a (file, function) no prompt has used yet: the same
+    code in two prompts would let a method that remembers earlier outputs (suffix) copy."""
+    used = set() if used is None else used
+    fresh, seen = [], set()
+    for c in cands:
+        if key(c) not in used and key(c) not in seen:
+            seen.add(key(c))
+            fresh.append(c)
+    if len(fresh) < n:
+        raise LeapDecodeError(f"only {len(fresh)} candidates for {n} prompts: lower --per-category")
+    picked = rng.sample(fresh, n)
+    used.update(key(c) for c in picked)
+    return picked
 
 
 def build(
     manifest_path: str, tokenizer, per_category: int = 20, seed: int = 0
 ) -> dict[str, list[dict]]:
     files = validation_files(manifest_path)
+    used: set = set()  # (file, function) already in a prompt: each source serves once
     sets = {
-        "completion": completion(files, random.Random(seed), per_category),
-        "revision": revision(files, random.Random(seed + 1), per_category, tokenizer),
-        "grounded": grounded(files, random.Random(seed + 2), per_category),
-        "free": free(files, random.Random(seed + 3), per_category),
+        "completion": completion(files, random.Random(seed), per_category, used),
+        "revision": revision(files, random.Random(seed + 1), per_category, tokenizer, used),
+        "grounded": grounded(files, random.Random(seed + 2), per_category, used),
+        "free": free(files, random.Random(seed + 3), per_category, used),
     }
     for cat, rows in sets.items():
         for row in rows:

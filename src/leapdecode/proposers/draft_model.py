@@ -136,7 +136,8 @@ class DraftModelProposer(Proposer):
             tok, q = self._choose(active, logits, drafting)  # [n], [n, V] | None
             tokens.append(tok)
             probs.append(q)
-            confident = self._confidence(logits, q)  # [n]
+            # a row's top probability, only where a cut-off asks for it (a full softmax)
+            confident = self._confidence(logits, q) if any(c > 0 for c in cut) else None
             for j, go in enumerate(drafting):
                 if go:
                     made[j] += 1

@@ -39,8 +39,10 @@ class _State:
         self.w = spec.lookahead_window
         self.n = spec.lookahead_ngram_size
         self.g = spec.lookahead_max_candidates
-        rng = random.Random(seq.id)  # its own guesses' randomness, never the sampler's
         prompt = seq.tokens[: seq.prompt_len]
+        # its own guesses' randomness, never the sampler's; seeded by the prompt, so a
+        # prompt's runs (a benchmark's repeats) guess alike
+        rng = random.Random(hash(tuple(prompt)))
         # levels[0]: columns 1 .. W-1; levels[1 .. N-2]: columns 0 .. W-1
         self.levels = [[rng.choice(prompt) for _ in range(self.w - 1)]] + [
             [rng.choice(prompt) for _ in range(self.w)] for _ in range(self.n - 2)

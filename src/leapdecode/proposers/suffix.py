@@ -209,6 +209,10 @@ class SuffixProposer(Proposer):
         self.global_order: OrderedDict = OrderedDict()  # FIFO of cached requests' ids
         self.memo: dict = {}  # sequence id -> (its length, k, draft) of its last speculation
         self.clock = itertools.count()
+        # While frozen (the sequential benchmark), running requests do not enter the global
+        # tree: it holds only what `cache_output` adds, so a prompt's repeated runs never
+        # meet their own earlier output.
+        self.frozen = False
 
     def add(self, seqs: list[Sequence]) -> None:
         # Only requests that may draft with suffix (suffix, auto) build a trie or reach the
@@ -220,7 +224,7 @@ class SuffixProposer(Proposer):
             tree.extend(0, seq.tokens[: seq.prompt_len])
             self.local[seq.id] = tree
             self.synced[seq.id] = seq.prompt_len
-            if self.max_cached > 0:
+            if self.max_cached > 0 and not self.frozen:
                 self._cache(seq.id)
 
     def _sync(self, seq: Sequence) -> None:
@@ -282,13 +286,6 @@ class SuffixProposer(Proposer):
             sid = ("cached", next(self.clock))
             self._cache(sid)
             self.global_tree.extend(sid, list(tokens))
-
-    def drop_last(self) -> None:
-        """Take the most recently started request's output out of the global tree (the
-        sequential benchmark uses it; with concurrent requests "last" is ambiguous)."""
-        if self.global_order:
-            sid, _ = self.global_order.popitem(last=True)
-            self.global_tree.remove(sid)
 
     def remove(self, seqs: list[Sequence]) -> None:
         for seq in seqs:
