@@ -24,6 +24,7 @@ import json
 import os
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -217,56 +218,70 @@ def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Meth
     for m in methods:  # warm-up: allocator, oneDNN kernels, caches
         _run_once(dec, peers, m, warm_ids, 16, draft_min_prob)
 
-    records: list[Record] = []
-    total = sum(len(rows) for rows in sets.values()) * repeats * len(methods)
-    n_done = sum(row["id"] in done for rows in sets.values() for row in rows)
-    if n_done:
-        print(f"resuming from {partial}: {n_done} prompts already measured "
-              "(delete the file, or pass --fresh, to start over)")  # fmt: skip
-    bar = tqdm(total=total, desc="bench", unit="run",
-               initial=n_done * repeats * len(methods))  # fmt: skip
-    suffix_used = suffix is not None and any(m.method == "suffix" for m in methods)
-    for cat, rows in sets.items():
-        for row in rows:
-            if row["id"] in done:
-                records.extend(done[row["id"]])
-                if suffix_used:  # the global tree holds every earlier prompt's output
-                    suffix.cache_output(done[row["id"]][0].tokens)
-                continue
-            ids = dec.encode(row["prompt"])
-            max_new = (
-                row["max_new_tokens"]
-                if max_new_cap is None
-                else min(max_new_cap, row["max_new_tokens"])
-            )
-            recs = {m: Record(cat, row["id"], m.label, m.name, m.k) for m in methods}
-            stats_by_rep = {m: [] for m in methods}
-            for rep in range(repeats):
-                for m in round_order(methods, rep):
-                    bar.set_postfix_str(f"{cat} {row['id']} {m.label}")
-                    secs, tokens, stats, forwards = _run_once(
-                        dec, peers, m, ids, max_new, draft_min_prob
-                    )
-                    r = recs[m]
-                    r.seconds.append(secs)
-                    if rep == 0:
-                        r.tokens, r.target_forwards = tokens, forwards
-                    elif list(tokens) != list(r.tokens):
-                        r.repeats_differing += 1
-                    stats_by_rep[m].append((secs, stats))
-                    bar.update()
-            for m, r in recs.items():
-                _fill_stats(r, stats_by_rep[m])
-                records.append(r)
-            if partial:
-                _append(partial, {"prompt_id": row["id"],
-                                  "records": [asdict(r) for r in recs.values()]})  # fmt: skip
-            if suffix_used:
-                # as a server would: later requests find this one's output in the global tree
-                out = next(r.tokens for r in recs.values())
-                suffix.cache_output(out)
-    bar.close()
+    with _frozen_heap():
+        records: list[Record] = []
+        total = sum(len(rows) for rows in sets.values()) * repeats * len(methods)
+        n_done = sum(row["id"] in done for rows in sets.values() for row in rows)
+        if n_done:
+            print(f"resuming from {partial}: {n_done} prompts already measured "
+                  "(delete the file, or pass --fresh, to start over)")  # fmt: skip
+        bar = tqdm(total=total, desc="bench", unit="run",
+                   initial=n_done * repeats * len(methods))  # fmt: skip
+        suffix_used = suffix is not None and any(m.method == "suffix" for m in methods)
+        for cat, rows in sets.items():
+            for row in rows:
+                if row["id"] in done:
+                    records.extend(done[row["id"]])
+                    if suffix_used:  # the global tree holds every earlier prompt's output
+                        suffix.cache_output(done[row["id"]][0].tokens)
+                    continue
+                ids = dec.encode(row["prompt"])
+                max_new = (
+                    row["max_new_tokens"]
+                    if max_new_cap is None
+                    else min(max_new_cap, row["max_new_tokens"])
+                )
+                recs = {m: Record(cat, row["id"], m.label, m.name, m.k) for m in methods}
+                stats_by_rep = {m: [] for m in methods}
+                for rep in range(repeats):
+                    for m in round_order(methods, rep):
+                        bar.set_postfix_str(f"{cat} {row['id']} {m.label}")
+                        secs, tokens, stats, forwards = _run_once(
+                            dec, peers, m, ids, max_new, draft_min_prob
+                        )
+                        r = recs[m]
+                        r.seconds.append(secs)
+                        if rep == 0:
+                            r.tokens, r.target_forwards = tokens, forwards
+                        elif list(tokens) != list(r.tokens):
+                            r.repeats_differing += 1
+                        stats_by_rep[m].append((secs, stats))
+                        bar.update()
+                for m, r in recs.items():
+                    _fill_stats(r, stats_by_rep[m])
+                    records.append(r)
+                if partial:
+                    _append(partial, {"prompt_id": row["id"],
+                                      "records": [asdict(r) for r in recs.values()]})  # fmt: skip
+                if suffix_used:
+                    # as a server would: later requests find this one's output in the global tree
+                    out = next(r.tokens for r in recs.values())
+                    suffix.cache_output(out)
+        bar.close()
     return records
+
+
+@contextmanager
+def _frozen_heap():
+    """Objects alive before measuring move to gc's permanent generation, so the gc.collect()
+    before each timed call scans only what the runs themselves allocate (a full collection
+    over torch's and transformers' objects took about half a second a call)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _fill_stats(r: Record, runs) -> None:
