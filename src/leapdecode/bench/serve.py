@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from tqdm import tqdm
@@ -157,11 +158,16 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def start_server(args, port: int, extra: tuple[str, ...] = ()) -> subprocess.Popen:
-    """`leapdecode serve` on 127.0.0.1:port with the bench's model options; its output goes
-    to <out>/server.log (read on failure; a pipe nobody reads would block the server)."""
-    import httpx
+@contextmanager
+def local_server(args, extra: tuple[str, ...] = ()):
+    """`leapdecode serve` on a free local port with the bench's model options, for the length
+    of the block: yields (url, pid). Its output goes to <out>/server.log (a pipe nobody reads
+    would block the server), whose tail is printed when the block fails."""
+    import socket
 
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "leapdecode", "serve", "--host", "127.0.0.1", "--port",
            str(port), "--speculation", "auto", "--max-num-seqs", str(max(args.concurrency)),
            "--max-queue", "1024", "--dtype", args.dtype, "--backend", args.backend, *extra]  # fmt: skip
@@ -173,35 +179,42 @@ def start_server(args, port: int, extra: tuple[str, ...] = ()) -> subprocess.Pop
         cmd += ["--speculator", path]
     os.makedirs(args.out, exist_ok=True)
     log_path = os.path.join(args.out, "server.log")
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
-    log.close()  # the child holds its own copy
-    proc.log_path = log_path
-    deadline = time.time() + 300
+    with open(log_path, "w") as log:  # the child holds its own copy
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc, log_path)
+        yield url, proc.pid
+    except BaseException:
+        print(f"server log (tail):\n{_tail(log_path)}", file=sys.stderr)
+        raise
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log_path: str, limit_s: float = 300) -> None:
+    import httpx
+
+    deadline = time.time() + limit_s
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise LeapDecodeError(f"the server did not start: {server_log(proc)}")
+            raise LeapDecodeError(f"the server did not start: {_tail(log_path)}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
         except httpx.HTTPError:
             time.sleep(0.5)
-    stop_server(proc)
-    raise LeapDecodeError(f"the server did not answer /health within 300 s: {server_log(proc)}")
+    raise LeapDecodeError(f"the server did not answer /health within {limit_s:.0f} s")
 
 
-def server_log(proc, tail: int = 2000) -> str:
-    with open(proc.log_path) as f:
-        return f.read()[-tail:]
-
-
-def stop_server(proc) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+def _tail(path: str, chars: int = 2000) -> str:
+    with open(path) as f:
+        return f.read()[-chars:]
 
 
 def _heads(args) -> list[str]:
@@ -218,8 +231,6 @@ def _heads(args) -> list[str]:
 
 
 def cmd_serve_bench(args) -> int:
-    import socket
-
     import httpx
 
     from . import workloads
@@ -231,15 +242,12 @@ def cmd_serve_bench(args) -> int:
         rows = [
             {**r, "max_new_tokens": min(r["max_new_tokens"], args.max_new_tokens)} for r in rows
         ]
-    proc = None
-    url = args.url
-    if url is None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        proc = start_server(args, port, ("--suffix-max-cached-requests", "0"))
-        url = f"http://127.0.0.1:{port}"
-    try:
+    server = (
+        nullcontext((args.url, None))
+        if args.url
+        else local_server(args, ("--suffix-max-cached-requests", "0"))
+    )
+    with server as (url, _):
         info = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]
         model = info["id"]
         has_draft = not args.no_draft and (args.url is not None or _local_draft(args))
@@ -269,13 +277,6 @@ def cmd_serve_bench(args) -> int:
             meta["levels"] = meta["levels"] + [conc]  # written level by level: a long run
             write(summarize(cells, cfgs, meta["levels"]), meta, args.out)  # keeps what it has
         bar.close()
-    except BaseException:
-        if proc is not None:
-            print(f"server log (tail):\n{server_log(proc)}", file=sys.stderr)
-        raise
-    finally:
-        if proc is not None:
-            stop_server(proc)
     print(open(os.path.join(args.out, "results.md")).read())
     return 0
 
@@ -440,22 +441,16 @@ def cmd_soak(args) -> int:
     """500 streaming requests at concurrency 16, 10% of clients hanging up mid-stream: every
     other request must complete well-formed, no 5xx, and the server's memory must settle."""
     import random
-    import socket
 
     import httpx
 
     from . import workloads
 
     rows = [r for group in zip(*workloads.load(args.prompts).values(), strict=False) for r in group]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     args.concurrency = [args.clients]
-    proc = start_server(args, port)
-    url = f"http://127.0.0.1:{port}"
 
     def rss_kb() -> int:
-        with open(f"/proc/{proc.pid}/status") as f:
+        with open(f"/proc/{pid}/status") as f:
             return next(int(x.split()[1]) for x in f if x.startswith("VmRSS"))
 
     # exactly the share asked for hangs up, spread at random over the run
@@ -495,7 +490,7 @@ def cmd_soak(args) -> int:
                        for s in fam.samples
                        if s.name == "leapdecode:requests_total" and s.labels.get("status") == "abort"))  # fmt: skip
 
-    try:
+    with local_server(args) as (url, pid):
         # warm-up at full concurrency (the allocator's working set for batches of `clients`),
         # then the memory baseline
         parallel(2 * args.clients, args.clients, lambda i: one(i, warm=True))
@@ -509,11 +504,6 @@ def cmd_soak(args) -> int:
         time.sleep(2)
         health = httpx.get(url + "/health", timeout=10).json()
         after, n_aborted = rss_kb(), aborted() - aborted_before
-    except BaseException:
-        print(f"server log (tail):\n{server_log(proc)}", file=sys.stderr)
-        raise
-    finally:
-        stop_server(proc)
     counts: dict[str, int] = {}
     for o in outcomes:
         counts[o] = counts.get(o, 0) + 1
