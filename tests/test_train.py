@@ -136,6 +136,14 @@ def test_selfgen_then_draft_fine_tune_on_the_targets_own_text(tmp_path, data_dir
                  *TINY]) == 0  # fmt: skip
     summary = json.load(open(os.path.join(dr2, "training_summary.json")))
     assert summary["init"] == dr and summary["tokens"] == stream
+    # the card's lineage: the stage behind --init, then this one
+    first, second = summary["lineage"]
+    assert (first["stage"], first["what"]) == (
+        0,
+        f"distilled from `{os.path.basename(tgt)}`, on the training split",
+    )
+    assert second["stage"] == 1 and "`self.npy` (the target's own continuations)" in second["what"]
+    assert summary["total_train_seconds"] == first["train_seconds"] + second["train_seconds"]
 
 
 def test_revision_documents_stream(data_dir):

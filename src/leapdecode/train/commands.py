@@ -232,8 +232,50 @@ def _save(model, tokenizer, args, root, files, summary: dict, kind: str) -> None
     m = corpus.save_manifest(root, files, args.out)
     summary = {**summary, "kind": kind, "parameters": sum(p.numel() for p in model.parameters()),
                "corpus_manifest_sha256": m["sha256"], "save_dtype": args.save_dtype}  # fmt: skip
+    summary = with_lineage(summary)
     with open(os.path.join(args.out, "training_summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
+
+
+def stage_of(summary: dict) -> dict:
+    """One training stage as the model card's lineage table shows it."""
+    c = summary.get("config", {})
+    stages = c.get("stages") or [[c.get("context"), c.get("batch"), summary.get("steps")]]
+    what = []
+    if summary.get("kind") == "draft":
+        what.append(f"distilled from `{os.path.basename(str(summary.get('teacher', '?')))}`")
+    what.append(
+        f"on `{os.path.basename(summary['tokens'])}` (the target's own continuations)"
+        if summary.get("tokens")
+        else "on the training split"
+    )
+    mix = summary.get("mix") or {}
+    if mix.get("repeat_share") or mix.get("edit_share"):
+        what.append(f"with {mix.get('repeat_share', 0):.0%} repeated spans and "
+                    f"{mix.get('edit_share', 0):.0%} revision documents")  # fmt: skip
+    if len(stages) > 1:
+        what.append("windows " + " -> ".join(f"{b} x {ctx}" for ctx, b, _ in stages))
+    return {"what": ", ".join(what), "steps": summary.get("steps", 0),
+            "tokens_seen": summary.get("tokens_seen", 0),
+            "train_seconds": summary.get("train_seconds", 0.0),
+            "context": stages[-1][0], "lr": c.get("lr")}  # fmt: skip
+
+
+def with_lineage(summary: dict) -> dict:
+    """A model trained from --init carries the stages behind its starting point, so its card
+    tells the whole training, not only the last stage."""
+    init = summary.get("init")
+    path = os.path.join(init, "training_summary.json") if init else ""
+    if not os.path.isfile(path):
+        return summary
+    with open(path) as f:
+        before = json.load(f)
+    stages = before.get("lineage") or [stage_of(before)]
+    stages = [*stages, stage_of(summary)]
+    for i, st in enumerate(stages):
+        st["stage"] = i
+    total = sum(st["train_seconds"] for st in stages)
+    return {**summary, "lineage": stages, "total_train_seconds": total}
 
 
 def cmd_tokenizer(args) -> int:
