@@ -117,7 +117,10 @@ def markdown(cells: list[dict], meta: dict) -> str:
     cats = list(dict.fromkeys(c["category"] for c in cells))
     names = list(dict.fromkeys(c["name"] for c in cells))
     lines = [f"# leapdecode bench: {meta['title']}", "", meta["setup"], ""]
-    lines += ["## Best k per method (tokens/s, and speedup over leapdecode `none`)", ""]
+    lines += ["## Best k per method (tokens/s, and speedup over leapdecode `none`)", "",
+              "The best setting is picked on the same runs it is reported from: a method tried "
+              "at more settings gains a little from the noise. Every setting's own figures are "
+              "in the tables below.", ""]  # fmt: skip
     lines += ["| method | " + " | ".join(cats) + " |", "|---" * (len(cats) + 1) + "|"]
     for name in names:
         row = []
