@@ -165,3 +165,26 @@ def test_revision_documents_stream(data_dir):
     assert revised.replace(new, old) == original
     train_names = {f.path for f in files if f.split == "train"}
     assert train_names  # documents come from training files only (see edits.py)
+
+
+def test_progress_continues_a_fine_tune_on_the_tokens_axis(tmp_path):
+    from leapdecode.train.progress import read_runs, write
+
+    copy = {"first_showing_loss": 3.0, "second_showing_loss": 1.0, "copy_score": 0.5,
+            "revision_exact": 0.0}  # fmt: skip
+    for name, steps in (("main", (100, 200)), ("ft", (50, 100))):
+        (tmp_path / name).mkdir()
+        rows = [{"step": s, "tokens_seen": s * 1000, "context": 256, "batch": 8,
+                 "val_loss": 2.0, "copy": copy} for s in steps]  # fmt: skip
+        rows.append({"step": steps[-1] + 1, "tokens_seen": (steps[-1] + 1) * 1000})  # no eval
+        (tmp_path / name / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs = [str(tmp_path / "main"), str(tmp_path / "ft")]
+    evals = read_runs(runs)
+    # the fine-tune starts where the main run's log ends (201,000 tokens)
+    assert [(e["run"], e["tokens_seen"]) for e in evals] == [
+        (0, 100_000), (0, 200_000), (1, 251_000), (1, 301_000)
+    ]  # fmt: skip
+    png = write(runs, str(tmp_path / "out"))
+    assert open(png, "rb").read(4) == b"\x89PNG"
+    md = (tmp_path / "out" / "copy_signals.md").read_text()
+    assert "0 `main`, 1 `ft`" in md and "| 1 | 100 | 0.30 M |" in md

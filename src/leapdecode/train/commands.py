@@ -83,7 +83,9 @@ def add_parsers(sub) -> None:
     sg.add_argument("--seed", type=int, default=0)
 
     pg = what.add_parser("progress", help="plot a run's loss and copy signals so far")
-    pg.add_argument("--run-dir", required=True)
+    pg.add_argument("--run-dir", required=True, action="append",
+                    help="a run's folder; repeat it for a run continued by another (--init): "
+                    "later runs continue the tokens axis")  # fmt: skip
     pg.add_argument("--out", default=os.path.join("docs", "training"))
 
     from .heads_command import add_parsers as add_heads

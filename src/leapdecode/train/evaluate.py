@@ -305,7 +305,8 @@ def write_card(path: str, kind: str, report: dict, model) -> None:
         f"| steps | {s.get('steps', '?')} (batch {c.get('batch', '?')} x {c.get('context', '?')} tokens, "
         f"AdamW, peak lr {c.get('lr', '?')}, cosine decay) |",
         f"| tokens seen | {s.get('tokens_seen', 0):,} |",
-        f"| training time | {hours:.2f} h on 2 CPU cores (bf16 autocast) |",
+        f"| training time | {hours:.2f} h on 2 CPU cores "
+        f"({'bf16 autocast' if c.get('bf16') else 'float32'}) |",
         f"| final training loss | {s.get('final_train_loss') or float('nan'):.3f} nats/token"
         + (" (distillation objective: KL to the target + CE share) |" if kind == "draft" else " |"),
     ]

@@ -1,6 +1,7 @@
-"""`leapdecode train progress --run-dir DIR --out docs/training`: the run's curves so far.
+"""`leapdecode train progress --run-dir DIR [--run-dir DIR2 ...] --out docs/training`.
 
-Reads the run's `log.jsonl` and plots, against tokens seen: validation loss, the loss on the
+Reads the runs' `log.jsonl` (a later run, trained from the earlier one's model with --init,
+continues its tokens axis) and plots, against tokens seen: validation loss, the loss on the
 first and on the second showing of a repeated held-out span, the copy score and the share
 of revision prompts reproduced exactly (teacher-forced; see signals.py). Writes
 `copy_signals.png` and `copy_signals.md` (one row per validation).
@@ -26,13 +27,26 @@ def read_log(run_dir: str) -> list[dict]:
     return [entries[k] for k in sorted(entries)]
 
 
-def write(run_dir: str, out_dir: str) -> str:
+def read_runs(run_dirs: list[str]) -> list[dict]:
+    """Validations with copy signals of the runs in order, each tagged with its run index,
+    tokens_seen counted from the first run's start."""
+    out, offset = [], 0
+    for i, run_dir in enumerate(run_dirs):
+        log = read_log(run_dir)
+        out += [{**e, "run": i, "tokens_seen": e["tokens_seen"] + offset}
+                for e in log if "val_loss" in e and "copy" in e]  # fmt: skip
+        offset += max((e["tokens_seen"] for e in log), default=0)
+    return out
+
+
+def write(run_dirs: str | list[str], out_dir: str) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    evals = [e for e in read_log(run_dir) if "val_loss" in e and "copy" in e]
+    dirs = [run_dirs] if isinstance(run_dirs, str) else list(run_dirs)
+    evals = read_runs(dirs)
     if not evals:
         raise LeapDecodeError("the run has no validation with copy signals yet")
     os.makedirs(out_dir, exist_ok=True)
@@ -54,19 +68,24 @@ def write(run_dir: str, out_dir: str) -> str:
     ax2.grid(alpha=0.3)
     for ax in (ax1, ax2):
         for e0, e1 in zip(evals, evals[1:], strict=False):
-            if e1.get("context") != e0.get("context"):
+            if e1["run"] != e0["run"]:
+                ax.axvline(e1["tokens_seen"] / 1e6, color="black", lw=0.8, ls="--")
+            elif e1.get("context") != e0.get("context"):
                 ax.axvline(e1["tokens_seen"] / 1e6, color="grey", lw=0.8, ls=":")
-    fig.suptitle("Target training: copying emerges (dotted: context / batch stage changes)")
+    fig.suptitle("Target training: copying emerges (dotted: context / batch stage changes; "
+                 "dashed: the next run, from the last one's model)", fontsize=10)  # fmt: skip
     fig.tight_layout()
     png = os.path.join(out_dir, "copy_signals.png")
     fig.savefig(png, dpi=120)
     plt.close(fig)
     lines = ["# Target training: loss and copy signals against tokens seen", "",
-             "Teacher-forced on held-out text (`src/leapdecode/train/signals.py`).", "",
-             "| step | tokens seen | context x batch | val loss | span 1st | span 2nd "
-             "| copy score | revision exact |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "Teacher-forced on held-out text (`src/leapdecode/train/signals.py`). Runs, in "
+             "order: " + ", ".join(f"{i} `{os.path.basename(os.path.normpath(d))}`"
+                                   for i, d in enumerate(dirs)) + ".", "",
+             "| run | step | tokens seen | context x batch | val loss | span 1st | span 2nd "
+             "| copy score | revision exact |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for e, x in zip(evals, c, strict=True):
-        lines.append(f"| {e['step']} | {e['tokens_seen'] / 1e6:.2f} M | {e.get('context')} x "
+        lines.append(f"| {e['run']} | {e['step']} | {e['tokens_seen'] / 1e6:.2f} M | {e.get('context')} x "
                      f"{e.get('batch')} | {e['val_loss']:.3f} | {x['first_showing_loss']:.2f} "
                      f"| {x['second_showing_loss']:.2f} | {x['copy_score']:.3f} "
                      f"| {x['revision_exact']:.2f} |")  # fmt: skip
