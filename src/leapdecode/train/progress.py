@@ -39,14 +39,13 @@ def read_runs(run_dirs: list[str]) -> list[dict]:
     return out
 
 
-def write(run_dirs: str | list[str], out_dir: str) -> str:
+def write(run_dirs: list[str], out_dir: str) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    dirs = [run_dirs] if isinstance(run_dirs, str) else list(run_dirs)
-    evals = read_runs(dirs)
+    evals = read_runs(run_dirs)
     if not evals:
         raise LeapDecodeError("the run has no validation with copy signals yet")
     os.makedirs(out_dir, exist_ok=True)
@@ -81,7 +80,7 @@ def write(run_dirs: str | list[str], out_dir: str) -> str:
     lines = ["# Target training: loss and copy signals against tokens seen", "",
              "Teacher-forced on held-out text (`src/leapdecode/train/signals.py`). Runs, in "
              "order: " + ", ".join(f"{i} `{os.path.basename(os.path.normpath(d))}`"
-                                   for i, d in enumerate(dirs)) + ".", "",
+                                   for i, d in enumerate(run_dirs)) + ".", "",
              "| run | step | tokens seen | context x batch | val loss | span 1st | span 2nd "
              "| copy score | revision exact |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for e, x in zip(evals, c, strict=True):
