@@ -58,9 +58,19 @@ def test_tokenizer_target_draft_end_to_end(tmp_path, data_dir):
                           attention_mask=torch.ones(1, len(ids), dtype=torch.long))  # fmt: skip
     assert out.token_ids == ref[0, len(ids) :].tolist()
 
+    assert (
+        main(["train", "evaluate", "--target", tgt, "--baseline", str(tmp_path / "none.json")]) == 2
+    )
+    baseline = tmp_path / "v0.json"
+    baseline.write_text(json.dumps({"target": {"looping_share": 1.5}}))  # any share is lower
     assert main(["train", "evaluate", "--data", data_dir, "--target", tgt, "--draft", dr,
-                 "--prompts", "1"]) == 0  # fmt: skip
+                 "--prompts", "1", "--baseline", str(baseline)]) == 0  # fmt: skip
     report = json.load(open(os.path.join(dr, "evaluation.json")))
+    assert report["target"]["baseline_looping_share"] == 1.5
+    assert (
+        "| loops less than the earlier target (`v0.json`: 1.500) |"
+        in open(os.path.join(tgt, "README.md")).read()
+    )
     assert 0 <= report["draft"]["greedy_agreement"] <= 1
     assert report["target"]["bits_per_byte"] > 0 and report["xz_9e_bits_per_byte"] > 0
     card = open(os.path.join(tgt, "README.md")).read()

@@ -101,6 +101,13 @@ def add_parsers(sub) -> None:
     ev.add_argument("--target", required=True)
     ev.add_argument("--draft", default=None)
     ev.add_argument("--prompts", type=int, default=12, help="validation prompts for acceptance")
+    ev.add_argument(
+        "--baseline",
+        default=None,
+        metavar="JSON",
+        help="an earlier target's evaluation.json (or docs/training/v0_copying.json): "
+        "the card checks that the looping share is lower than its",
+    )
     ev.add_argument("--no-copying", action="store_true",
                     help="skip the copy, revision and looping tests (greedy generation)")  # fmt: skip
 

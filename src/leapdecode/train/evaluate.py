@@ -177,6 +177,7 @@ def acceptance_at_k(target: str, draft: str, prompts: list[str], k: int = 4, new
 def evaluate_and_write_cards(args) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    baseline = baseline_looping(args.baseline) if getattr(args, "baseline", None) else {}
     manifest = _manifest(args.target)
     files = validation_files(manifest, args.data)
     tokenizer = AutoTokenizer.from_pretrained(args.target)
@@ -205,6 +206,7 @@ def evaluate_and_write_cards(args) -> dict:
         from .copying import measure
 
         report["target"] |= measure(args.target, files, os.path.join(PROMPTS, "revision.jsonl"))
+        report["target"] |= baseline
     if args.draft:
         n_prompt, n_new = min(192, context // 2), min(128, context // 4)
         prompts = validation_prompts(tokenizer, files, args.prompts, n_prompt)
@@ -226,6 +228,20 @@ def evaluate_and_write_cards(args) -> dict:
     return report
 
 
+def baseline_looping(path: str) -> dict:
+    """The looping share of an earlier target, from its evaluation.json or a copying report."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        share = data.get("looping_share", data.get("target", {}).get("looping_share"))
+    except (OSError, ValueError, AttributeError) as e:
+        raise LeapDecodeError(f"--baseline {path}: not a readable JSON report ({e})") from None
+    if share is None:
+        raise LeapDecodeError(f"--baseline {path}: has no looping_share; pass an evaluation.json "
+                         "written by `leapdecode train evaluate` with the copy tests on")  # fmt: skip
+    return {"baseline_looping_share": float(share), "baseline": os.path.basename(path)}
+
+
 def _targets(kind: str, report: dict) -> list[tuple[str, str, bool]]:
     """The embedded pair's acceptance criteria, checked against the measurements."""
     r = report[kind]
@@ -239,6 +255,10 @@ def _targets(kind: str, report: dict) -> list[tuple[str, str, bool]]:
                 ("reproduces the revised rest exactly on >= 50% of the bench's revision prompts",
                  f"{r.get('revision_exact', float('nan')):.3f}", r.get("revision_exact", 0) >= 0.5),
             ]  # fmt: skip
+        if "baseline_looping_share" in r:
+            base = r["baseline_looping_share"]
+            out.append((f"loops less than the earlier target (`{r['baseline']}`: {base:.3f})",
+                        f"{r['looping_share']:.3f}", r["looping_share"] < base))  # fmt: skip
         return out
     cost = r["decode_cost_vs_target"]
     agree = r["greedy_agreement"]
