@@ -66,14 +66,13 @@ def test_cli_defaults_to_the_embedded_pair(capsys):
 
 
 def test_bfloat16_speculation_equals_plain_decoding_and_transformers_up_to_ties():
-    """In the checkpoint's own dtype (bfloat16; the default on CPUs with native bf16, and on
-    CUDA): every method emits what `none` emits, and `none` emits what transformers does,
-    except after a top-2 tie."""
+    """In bfloat16 (`--dtype bfloat16`, the usual choice on CUDA): every method emits what
+    `none` emits, and `none` emits what transformers does, except after a top-2 tie."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from leapdecode.bench.lossless import first_difference, tie_tolerance
 
-    dec = LeapDecoder.from_pretrained(TARGET, draft=DRAFT, dtype="auto", draft_dtype="float32")
+    dec = LeapDecoder.from_pretrained(TARGET, draft=DRAFT, dtype="bfloat16", draft_dtype="float32")
     assert dec.target.dtype == torch.bfloat16
     hf = AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.bfloat16).eval()
     tok = AutoTokenizer.from_pretrained(TARGET)
@@ -92,3 +91,79 @@ def test_bfloat16_speculation_equals_plain_decoding_and_transformers_up_to_ties(
                 logits = hf(input_ids=torch.tensor([ids + want[:pos]])).logits[0, -1].float()
             top = torch.topk(logits, 2).values
             assert float(top[0] - top[1]) <= tie_tolerance(float(top[0]), torch.bfloat16), prompt
+
+
+# Functions written for this test (so never seen in training), in the corpus' style.
+COPY_FUNCTIONS = [
+    '''def merge_ranges(ranges):
+    """Merge overlapping (start, stop) ranges; return them sorted."""
+    merged = []
+    for start, stop in sorted(ranges):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], stop))
+        else:
+            merged.append((start, stop))
+    return merged
+''',
+    """def count_words(path, encoding="utf-8"):
+    counts = {}
+    with open(path, encoding=encoding) as f:
+        for line in f:
+            for word in line.split():
+                word = word.strip(".,;:!?").lower()
+                if word:
+                    counts[word] = counts.get(word, 0) + 1
+    return counts
+""",
+    """def parse_header(line):
+    if ":" not in line:
+        raise ValueError("malformed header: %r" % (line,))
+    name, _, value = line.partition(":")
+    name = name.strip().lower()
+    value = value.strip()
+    if not name:
+        raise ValueError("empty header name")
+    return name, value
+""",
+]
+
+
+def test_embedded_target_copies_a_function_asked_for_unchanged(decoder):
+    """The copying the mission rests on (code revision mirrors its input): asked for a
+    function again, the target writes out most of it before its first departure. A pin of
+    what the committed target does (measured: 58 of 99, 11 of 70 and 69 of 69 tokens), not
+    the project's bar (80% over 24 held-out functions; the model card says it is not met)."""
+    from leapdecode.bench.lossless import first_difference
+    from leapdecode.code_edits import copy_prompt
+
+    shares = []
+    for code in COPY_FUNCTIONS:
+        prompt, rest = copy_prompt(code)
+        want = decoder.tokenizer.encode(rest, add_special_tokens=False)
+        got = decoder.generate(prompt, method="ngram", k=8, max_new_tokens=len(want)).token_ids
+        same = first_difference(got, want)
+        shares.append(1.0 if same is None else same / len(want))
+    assert max(shares) == 1.0 and sum(shares) / len(shares) >= 0.5, shares
+
+
+def test_embedded_heads_are_lossless(hf_pair):
+    """The committed Medusa and EAGLE heads beside the target: greedy output equals
+    transformers' own."""
+    from leapdecode.models.heads import beside
+
+    heads = beside(TARGET)
+    assert {os.path.basename(p) for p in heads} == {
+        "leap-code-target-medusa",
+        "leap-code-target-eagle",
+    }
+    target, _, tok = hf_pair
+    dec = LeapDecoder.from_pretrained(TARGET, dtype="float32", speculators=heads)
+    for prompt in PROMPTS[:2]:
+        ids = tok.encode(prompt)
+        with torch.no_grad():
+            ref = target.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
+                                  attention_mask=torch.ones(1, len(ids), dtype=torch.long))  # fmt: skip
+        want = ref[0, len(ids) :].tolist()
+        for method in ("medusa", "eagle"):
+            got = dec.generate(ids, method=method, k=8, max_new_tokens=32).token_ids
+            assert got == want, (prompt, method)
