@@ -427,7 +427,7 @@ def add_parser(what, model_args, prompts_dir: str) -> None:
     sv.add_argument("--heads", default="auto",
                     help="speculator kinds to test (medusa,eagle; default auto: those the "
                     "local server loads; none with --url)")  # fmt: skip
-    sv.add_argument("--heads-k", type=int, default=16, help="tree size for medusa and eagle")
+    sv.add_argument("--heads-k", type=int, default=12, help="tree size for medusa and eagle")
     sv.add_argument("--configs", default=None,
                     help="only these (none,draft,ngram,suffix,lookahead,auto,...)")  # fmt: skip
     sv.add_argument("--rounds", type=int, default=3)
