@@ -110,3 +110,29 @@ def test_cost_model_profile_is_positive_and_leaves_caches_empty(decoder):
     cost = CostModel.profile(engine.target, engine.draft, 4, reps=1)
     assert cost.verify_s(4, 12) > 0 and cost.draft_s(4) > 0
     assert int(engine.target.lengths(torch.arange(4)).sum()) == 0
+
+
+def test_draft_catch_up_of_a_newcomer_beside_a_long_sequence(decoder):
+    """A newcomer's whole prompt fed to the draft beside a sequence near the end of its
+    context: one right-padded forward would run the long one past the cache (found in `bench
+    serve` at concurrency 12), so the catch-up splits into groups that fit."""
+    from leapdecode.proposers.draft_model import fit_groups
+
+    assert fit_groups([0, 300], [100, 2], 321) == [[0], [1]]
+    assert fit_groups([5, 10, 300], [100, 3, 2], 321) == [[0, 1], [2]]
+    assert fit_groups([5, 10], [100, 3], None) == [[0, 1]]
+
+    long_prompt, newcomer = helpers.random_prompts(decoder.tokenizer, 2, 100, 101, seed=5)
+    long_prompt = (long_prompt * 3)[:215]  # 215 of the model's 256 positions
+    alone = [decoder.generate(p, method="draft", k=4, max_new_tokens=30).token_ids
+             for p in (long_prompt, newcomer)]  # fmt: skip
+    engine = decoder.engine
+    a = decoder.request(long_prompt, method="draft", k=4, max_new_tokens=30)
+    engine.add_request(a)
+    while len(a.output) < 14:
+        engine.step()
+    b = decoder.request(newcomer, method="draft", k=4, max_new_tokens=30)
+    engine.add_request(b)
+    while engine.has_unfinished():
+        engine.step()
+    assert [a.output, b.output] == alone

@@ -357,7 +357,7 @@ def write(summary: list[dict], meta: dict, out_dir: str) -> None:
         table = next((r for r in fixed if "static table" in r["config"]), None)
         lines.append(f"| {c} | {best['config']} | {best['throughput']:.0f} | {auto['throughput']:.0f} "
                      f"| {auto['vs_best_fixed']:.2f} | {auto['vs_none']:.2f} | "
-                     f"{auto['throughput'] / table['throughput'] if table else float('nan'):.2f} |")  # fmt: skip
+                     f"{auto['throughput'] / table['throughput'] if table and table['throughput'] else float('nan'):.2f} |")  # fmt: skip
     lines += ["", "## Latency (seconds): time to first token p50 / p90, inter-token p50 / p90", "",
               "| configuration | C | TTFT p50 | TTFT p90 | ITL p50 | ITL p90 | tokens/forward | errors |",
               "|---|---|---|---|---|---|---|---|"]  # fmt: skip

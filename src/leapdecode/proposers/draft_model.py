@@ -43,6 +43,23 @@ def write_vocab_ranking(
                    "coverage_of_recommended": covered, "source": source}, f)  # fmt: skip
 
 
+def fit_groups(starts: list[int], lengths: list[int], limit: int | None) -> list[list[int]]:
+    """Row indices grouped so that each group's padded forward stays in the cache: in every
+    group, max(start) + max(length) <= limit. All rows in order when they fit together (or
+    there is no limit); otherwise longest rows first, greedily."""
+    if limit is None or max(starts) + max(lengths) <= limit:
+        return [list(range(len(starts)))]
+    groups: list[list[int]] = []
+    for i in sorted(range(len(starts)), key=lambda i: -lengths[i]):
+        for g in groups:  # each group's first row has its longest length
+            if max(starts[j] for j in g + [i]) + lengths[g[0]] <= limit:
+                g.append(i)
+                break
+        else:
+            groups.append([i])
+    return groups
+
+
 class DraftModelProposer(Proposer):
     """Drafts with a smaller LM that has its own KV cache, one slot per engine slot.
 
@@ -94,16 +111,24 @@ class DraftModelProposer(Proposer):
         self.model.truncate(self._slots(seqs), torch.zeros(len(seqs), dtype=torch.long))
 
     def _catch_up(self, seqs, upto: list[int]) -> torch.Tensor:
-        """Feed seq.tokens[fed:upto] for each sequence in one right-padded forward."""
+        """Feed seq.tokens[fed:upto] for each sequence in right-padded forwards: one, unless
+        the padding would run a long sequence past the cache (a newcomer's whole prompt beside
+        a sequence near the end of its context); then in groups that fit."""
         pending = [s.tokens[self.fed[s.id] : n] for s, n in zip(seqs, upto, strict=True)]
-        tokens, lengths = pad_right(pending)
-        slots = self._slots(seqs)
-        start = self.model.lengths(slots)
-        logits = self._forward(seqs, tokens, logits_at=lengths - 1)  # [B, V]
-        self.model.truncate(slots, start + lengths)
+        start = self.model.lengths(self._slots(seqs))  # [B]
+        cache = getattr(self.model, "cache", None)  # the native backend's fixed-size cache
+        limit = getattr(cache, "max_len", None)
+        logits = [None] * len(seqs)
+        for group in fit_groups(start.tolist(), [len(p) for p in pending], limit):
+            rows = [seqs[i] for i in group]
+            tokens, lengths = pad_right([pending[i] for i in group])
+            out = self._forward(rows, tokens, logits_at=lengths - 1)  # [b, V]
+            self.model.truncate(self._slots(rows), start[group] + lengths)
+            for j, i in enumerate(group):
+                logits[i] = out[j]
         for s, n in zip(seqs, upto, strict=True):
             self.fed[s.id] = n
-        return logits
+        return torch.stack(logits)  # [B, V]
 
     def _choose(self, seqs, logits, drafting: list[bool]):
         """Next draft token per row [B], and the processed q rows [B, V] (None: all greedy)."""
