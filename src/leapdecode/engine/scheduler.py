@@ -35,6 +35,9 @@ AUTO_METHODS = ("ngram", "suffix", "draft", "medusa", "eagle")
 DRAFT = AUTO_METHODS.index("draft")
 EAGLE = AUTO_METHODS.index("eagle")
 HEAD_TREE = 4  # auto's medusa / eagle tree: this many times the request's k nodes (<= 64)
+# auto's n-gram / suffix drafts: up to this many times k, and at least FREE_MIN tokens; they
+# cost nothing to make, and the goodput choice prices each verified row
+FREE_FACTOR, FREE_MIN = 2, 16
 EMA = 0.15  # weight of one new draft outcome in a sequence's acceptance estimate
 
 
@@ -118,11 +121,12 @@ class Scheduler:
         k = seq.spec.num_speculative_tokens
         opts = []
         ngram = self.engine.proposers["ngram"]
-        avail = len(ngram.lookup(seq, min(MAX_K, 2 * k, limit)))
+        free = min(MAX_K, max(FREE_FACTOR * k, FREE_MIN), limit)
+        avail = len(ngram.lookup(seq, free))
         if avail:
             opts.append(("ngram", avail, self._estimate(seq, "ngram").rate, None))
         suffix = self.engine.proposers["suffix"]
-        avail = len(suffix.speculate(seq, min(MAX_K, 2 * k, limit))[0])
+        avail = len(suffix.speculate(seq, free)[0])
         if avail:
             opts.append(("suffix", avail, self._estimate(seq, "suffix").rate, None))
         # A seeded sampled request keeps to deterministic drafts: verified by the target's own
