@@ -136,3 +136,29 @@ def test_draft_catch_up_of_a_newcomer_beside_a_long_sequence(decoder):
     while engine.has_unfinished():
         engine.step()
     assert [a.output, b.output] == alone
+
+
+def test_acceptance_is_estimated_by_draft_position():
+    """Copied spans are all-or-nothing: a draft that survives its first token tends to
+    survive the rest. Estimates by position see it; one flat rate would not."""
+    from leapdecode.engine.scheduler import _Estimate
+
+    est = _Estimate.flat(0.5)
+    for i in range(200):  # half the drafts fail at once, half are accepted whole
+        est.update(8, 0 if i % 2 else 8)
+    assert 0.3 < est.rates[1] < 0.7
+    assert (est.rates[2:9] > 0.95).all()
+    assert est.rates[9] == 0.5  # never tried: the prior
+    flat = _Estimate.flat(est.rate)
+    assert est.gains(8)[-1] > 2 * flat.gains(8)[-1]
+
+
+def test_cost_model_curve_and_learnt_step_costs():
+    cost = CostModel((1, 8), (1, 2, 4), ((0.01, 0.011, 0.013), (0.02, 0.024, 0.03)), (0.001, 0.002))
+    curve = cost.verify_curve(3, 40)
+    assert curve == pytest.approx([cost.verify_s(3, r) for r in range(41)])
+    assert cost.propose_s("eagle", 0.5) == 0.5  # modelled until measured
+    cost.observe_step({"eagle": 0.01}, 0.002)
+    cost.observe_step({"eagle": 0.03}, 0.004)
+    assert cost.propose_s("eagle", 0.5) == pytest.approx(0.012)
+    assert cost.overhead_s == pytest.approx(0.0022)

@@ -212,10 +212,12 @@ def test_auto_may_pick_the_heads_and_stays_lossless(dec, prompts, reference, hf_
     eagle's head steps are free."""
     used = []
     sched = dec.engine.scheduler
+    from leapdecode.engine.scheduler import _Estimate
+
     monkeypatch.setattr(sched, "_eagle_s", lambda *a: 0.0)
     plan, prior = sched.plan, dict(sched.global_rate)
-    sched.global_rate.update(medusa=0.0, eagle=0.0)
-    sched.global_rate[head] = 0.99
+    sched.global_rate.update(medusa=_Estimate.flat(0.0), eagle=_Estimate.flat(0.0))
+    sched.global_rate[head] = _Estimate.flat(0.99)
 
     def spy(seqs):
         out = plan(seqs)

@@ -1,7 +1,8 @@
 """What a step costs on this machine: the target's verify forward and a draft forward.
 
 Profiled once (when `auto` is first needed, or at server start): forwards of B sequences x T
-new tokens each over a short cached prefix, on a grid B in {1, 2, 4, ...} up to the slot
+new tokens each over a cached prefix of typical prompt length (256 tokens, or half the
+context when that is shorter), on a grid B in {1, 2, 4, ...} up to the slot
 count and T in {1, 2, 4, 8, 16}. A forward's cost is flat in T while per-operator overhead
 dominates and grows linearly once arithmetic does, so no single line fits it: the measured
 table is kept and interpolated,
@@ -10,7 +11,12 @@ table is kept and interpolated,
     draft_s(B)      = table_d(B)           (one draft forward of B one-token rows)
 
 and kept honest afterwards: every step's measured forward time nudges a correction factor
-(exponential moving average of measured / predicted).
+(exponential moving average of measured / predicted). Two more figures are learnt from
+measured steps only (moving averages): what one proposal of each draftless or head method
+costs (`propose_s`: the n-gram lookup, the suffix trie walk, a Medusa or EAGLE tree), and
+the step's fixed overhead outside the forwards and proposals (`overhead_s`: planning,
+verification, bookkeeping), which every step pays whatever it drafts, so a longer draft
+spreads it over more tokens.
 """
 
 from __future__ import annotations
@@ -56,12 +62,16 @@ class CostModel:
         self.draft = np.asarray(draft, dtype=float)  # [len(batches)]
         self.verify_scale = 1.0
         self.draft_scale = 1.0
+        self.propose: dict[str, float] = {}  # method -> seconds of one proposal (measured)
+        self.overhead_s = 0.0  # seconds of a step outside its forwards and proposals
 
     @classmethod
     def profile(cls, target: CausalLM, draft: CausalLM | None, max_batch: int,
-                cached: int = 64, reps: int = 3) -> CostModel:  # fmt: skip
+                cached: int = 256, reps: int = 3) -> CostModel:  # fmt: skip
         """Measure on the engine's own (allocated, empty) caches; leaves them empty."""
         batches = sorted({b for b in BATCHES if b <= max_batch} | {max_batch})
+        for m in (target, draft) if draft is not None else (target,):
+            cached = max(1, min(cached, m.max_context // 2 - max(NEW_TOKENS)))
         table = np.zeros((len(batches), len(NEW_TOKENS)))
         for i, b in enumerate(batches):
             _fill(target, b, cached)
@@ -102,6 +112,16 @@ class CostModel:
             t = float(np.interp(per_seq, n, by_new))
         return self.verify_scale * float(t)
 
+    def verify_curve(self, batch: int, max_rows: int) -> np.ndarray:
+        """[max_rows + 1] verify_s(batch, R) for R = 0 .. max_rows, in one pass."""
+        per_seq = np.maximum(1.0, np.arange(max_rows + 1) / max(1, batch))
+        by_new = self._interp_batch(self.verify, batch)  # [len(news)]
+        n = self.news
+        slope = (by_new[-1] - by_new[-2]) / (n[-1] - n[-2])
+        t = np.where(per_seq >= n[-1], by_new[-1] + slope * (per_seq - n[-1]),
+                     np.interp(per_seq, n, by_new))  # fmt: skip
+        return self.verify_scale * t
+
     def draft_s(self, batch: int) -> float:
         if batch == 0:
             return 0.0
@@ -120,7 +140,23 @@ class CostModel:
                 ratio = min(4.0, max(0.25, propose_s / predicted))
                 self.draft_scale += rate * (ratio - self.draft_scale)
 
+    def propose_s(self, method: str, default: float = 0.0) -> float:
+        """Seconds of one proposal by `method` (the default until one is measured)."""
+        return self.propose.get(method, default)
+
+    def observe_step(self, propose_s: dict[str, float], overhead_s: float,
+                     rate: float = 0.1) -> None:  # fmt: skip
+        """Fold one step's measured proposal times (draft model excepted: see `observe`)
+        and its overhead into their moving averages; the first measurement is taken whole."""
+        for method, seconds in propose_s.items():
+            old = self.propose.get(method)
+            self.propose[method] = seconds if old is None else old + rate * (seconds - old)
+        if overhead_s > 0:
+            old = self.overhead_s
+            self.overhead_s = overhead_s if old == 0 else old + rate * (overhead_s - old)
+
     def as_dict(self) -> dict:
         return {"batches": self.batches.tolist(), "new_tokens": self.news.tolist(),
                 "verify_s": self.verify.tolist(), "draft_s": self.draft.tolist(),
-                "verify_scale": self.verify_scale, "draft_scale": self.draft_scale}  # fmt: skip
+                "verify_scale": self.verify_scale, "draft_scale": self.draft_scale,
+                "propose_s": dict(self.propose), "overhead_s": self.overhead_s}  # fmt: skip

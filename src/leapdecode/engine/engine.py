@@ -246,15 +246,14 @@ class Engine:
         for i, (method, k) in enumerate(plan):
             if k > 0:
                 groups.setdefault(method, []).append(i)
-        parts, draft_s = [], 0.0  # the draft model's own propose time, for the cost model
+        parts, propose_s = [], {}  # each method's propose time, for the cost model
         for method, rows in groups.items():
             proposer = self.proposers[method]
             tp = time.perf_counter()
             parts.append(
                 (rows, proposer.propose([seqs[i] for i in rows], [plan[i][1] for i in rows]))
             )
-            if method == "draft":
-                draft_s = time.perf_counter() - tp
+            propose_s[method] = time.perf_counter() - tp
         drafts = Drafts.merge(parts, len(seqs), self.target.vocab_size)
         t1 = time.perf_counter()
         slots = self._slots(seqs)
@@ -301,7 +300,9 @@ class Engine:
                                                        paths[i, : n_accepted[i]]])
                                             for i in range(len(seqs))])  # fmt: skip
         t3 = time.perf_counter()
-        self.scheduler.observe(seqs, plan, counts, n_accepted, draft_s, t2 - t1, spans)
+        overhead_s = (t3 - t0) - (t2 - t1) - sum(propose_s.values())  # planning, verifying
+        self.scheduler.observe(seqs, plan, counts, n_accepted, propose_s, t2 - t1, spans,
+                               overhead_s)  # fmt: skip
         for s in seqs:
             s.stats.propose_s += t1 - t0
             s.stats.verify_s += t2 - t1

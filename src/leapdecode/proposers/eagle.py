@@ -45,6 +45,7 @@ class EagleProposer(Proposer):
         self.v_cache: torch.Tensor | None = None
         self.fed: dict[int, int] = {}  # seq id -> pairs in its cache
         self.pending: dict[int, list[torch.Tensor]] = {}  # seq id -> [n, n_aux, H] features
+        self.n_pending: dict[int, int] = {}  # seq id -> pairs in pending (kept, not summed)
         self.root: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # seq id -> (o, log-probs)
 
     # ---------------------------------------------------------------- lifecycle
@@ -67,6 +68,7 @@ class EagleProposer(Proposer):
         for s in seqs:
             self.fed[s.id] = 0
             self.pending[s.id] = []
+            self.n_pending[s.id] = 0
 
     def target_hidden(self, seqs, hidden, final) -> None:
         for s, h in zip(seqs, hidden, strict=True):
@@ -74,9 +76,9 @@ class EagleProposer(Proposer):
             # fewer new tokens than features, and needs no more drafts
             if h is not None and s.id in self.pending and not s.finished:
                 self.pending[s.id].append(h.float())
+                self.n_pending[s.id] += len(h)
         # rows that keep getting k = 0 (a busy batch) would pile up features: feed them now
-        backlog = [s for s in seqs if not s.finished
-                   and sum(len(x) for x in self.pending.get(s.id, ())) > BACKLOG]  # fmt: skip
+        backlog = [s for s in seqs if not s.finished and self.n_pending.get(s.id, 0) > BACKLOG]
         if backlog:
             with torch.inference_mode():
                 self._catch_up(backlog)
@@ -85,6 +87,7 @@ class EagleProposer(Proposer):
         for s in seqs:
             self.fed.pop(s.id, None)
             self.pending.pop(s.id, None)
+            self.n_pending.pop(s.id, None)
             self.root.pop(s.id, None)
 
     def ready(self, seq: Sequence) -> bool:
@@ -101,6 +104,7 @@ class EagleProposer(Proposer):
         for s in seqs:
             aux = torch.cat(self.pending[s.id]) if self.pending[s.id] else None
             self.pending[s.id] = []
+            self.n_pending[s.id] = 0
             fed = self.fed[s.id]
             n = 0 if aux is None else len(aux)
             toks.append(s.tokens[fed + 1 : fed + 1 + n])  # the token after each feature
