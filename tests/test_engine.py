@@ -162,3 +162,37 @@ def test_cost_model_curve_and_learnt_step_costs():
     cost.observe_step({"eagle": 0.03}, 0.004)
     assert cost.propose_s("eagle", 0.5) == pytest.approx(0.012)
     assert cost.overhead_s == pytest.approx(0.0022)
+
+
+def test_auto_methods_limit_what_auto_picks(decoder, prompts):
+    """auto_methods: auto chooses only from these (eagle is opt-in); bad values are a
+    clear error."""
+    used = set()
+    sched = decoder.engine.scheduler
+    plan = sched.plan
+
+    def spy(seqs):
+        out = plan(seqs)
+        used.update(m for m, k in out if k)
+        return out
+
+    sched.plan = spy
+    try:
+        decoder.generate_batch([p * 3 for p in prompts[:4]], method="auto", k=4,
+                               max_new_tokens=12, auto_methods=["suffix"])  # fmt: skip
+    finally:
+        sched.plan = plan
+    assert used <= {"suffix"}  # (whether it drafts at all depends on what it has learnt)
+    seq = decoder.request(prompts[0] * 3, method="auto", k=4, max_new_tokens=8,
+                          auto_methods=["suffix"])  # fmt: skip
+    decoder.engine.add_request(seq)
+    decoder.engine.step()  # prefill
+    try:
+        assert [o[0] for o in sched._options(seq)] == ["suffix"]  # a repeated prompt matches
+    finally:
+        decoder.engine.abort(seq.id)
+    assert SpecConfig(method="auto").auto_methods == ("ngram", "suffix", "draft", "medusa")
+    assert SpecConfig(method="auto", auto_methods="ngram, eagle").may_use("eagle")
+    assert not SpecConfig(method="auto").may_use("eagle")
+    with pytest.raises(LeapDecodeError, match="auto_methods"):
+        SpecConfig(method="auto", auto_methods=["ngram", "lookahead"])

@@ -226,7 +226,13 @@ def test_auto_may_pick_the_heads_and_stays_lossless(dec, prompts, reference, hf_
 
     sched.plan = spy
     try:
-        results = dec.generate_batch(prompts, method="auto", k=4, max_new_tokens=MAX_NEW)
+        results = dec.generate_batch(
+            prompts,
+            method="auto",
+            k=4,
+            max_new_tokens=MAX_NEW,
+            auto_methods=("ngram", "suffix", "medusa", "eagle"),
+        )
     finally:
         sched.plan = plan
         sched.global_rate.update(prior)

@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 
-from .config import METHODS
+from .config import AUTO_CHOICES, AUTO_DEFAULT, METHODS
 from .errors import LeapDecodeError
 from .paths import DEFAULT_MODELS, resolve_models  # noqa: F401 - DEFAULT_MODELS: tests
 
@@ -77,6 +77,10 @@ def add_draftless_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-eagle-topk", type=int, default=4,
                    help="eagle: nodes kept per depth, each expanding as many children "
                    "(default 4); --k is the tree's size after reranking")  # fmt: skip
+    g.add_argument("--auto-methods", default=",".join(AUTO_DEFAULT),
+                   help="auto: the methods it chooses from each step, of "
+                   f"{','.join(AUTO_CHOICES)} (default {','.join(AUTO_DEFAULT)}; "
+                   "eagle is opt-in: its head must first run over a request's whole context)")  # fmt: skip
 
 
 def spec_options(args) -> dict:
@@ -90,6 +94,7 @@ def spec_options(args) -> dict:
         lookahead_max_candidates=args.lookahead_max_candidates,
         speculative_num_steps=args.speculative_num_steps,
         speculative_eagle_topk=args.speculative_eagle_topk,
+        auto_methods=args.auto_methods,
     )
 
 

@@ -15,6 +15,8 @@ from .errors import LeapDecodeError
 # Every method a request may ask for. `auto` picks, per sequence and per step, the method
 # and the number of draft tokens (0 included) that maximise the whole batch's goodput.
 METHODS = ("none", "draft", "ngram", "suffix", "lookahead", "medusa", "eagle", "auto")
+AUTO_CHOICES = ("ngram", "suffix", "draft", "medusa", "eagle")  # what auto can choose from
+AUTO_DEFAULT = ("ngram", "suffix", "draft", "medusa")
 MAX_K = 64  # the most draft tokens a step may verify per sequence
 MAX_TOP_K = 1_000_000
 
@@ -73,6 +75,16 @@ class SpecConfig:
     # draft_len_schedule): ((batch size, k), ...); a batch of B running sequences uses the k
     # of the largest batch size <= B. Empty: always num_speculative_tokens. Fixed methods only.
     num_speculative_tokens_per_batch_size: tuple[tuple[int, int], ...] = ()
+    # auto: the methods it chooses from each step (those loaded). EAGLE is opt-in: its head
+    # must have run over a request's whole context before its first draft, a cost auto pays
+    # up front for every request it might pick EAGLE for (on the embedded pair that loses
+    # more than EAGLE's occasional wins bring).
+    auto_methods: tuple[str, ...] = AUTO_DEFAULT
+
+    def may_use(self, method: str) -> bool:
+        """Whether a request with this config may draft with `method` (its own, or one of
+        auto's choices)."""
+        return self.method == method or (self.method == "auto" and method in self.auto_methods)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -132,6 +144,14 @@ class SpecConfig:
                 f"num_speculative_tokens_per_batch_size: batch sizes >= 1 and k in 0..{MAX_K}"
             )
         object.__setattr__(self, "num_speculative_tokens_per_batch_size", table)
+        choices = self.auto_methods
+        if isinstance(choices, str):
+            choices = tuple(x.strip() for x in choices.split(",") if x.strip())
+        if not isinstance(choices, list | tuple) or any(c not in AUTO_CHOICES for c in choices):
+            raise LeapDecodeError(
+                f"auto_methods must be a list of {', '.join(AUTO_CHOICES)}, got {choices!r}"
+            )
+        object.__setattr__(self, "auto_methods", tuple(dict.fromkeys(choices)))
 
     @property
     def lookahead_nodes(self) -> int:

@@ -9,6 +9,8 @@ table is kept and interpolated,
 
     verify_s(B, R)  = table(B, R / B)      (R = all rows of the step, sum of k_i + 1)
     draft_s(B)      = table_d(B)           (one draft forward of B one-token rows)
+    catch_up_s(n)   = n * per-token cost   (the draft feeding n tokens it has not seen: a
+                                            prompt, or what other methods accepted)
 
 and kept honest afterwards: every step's measured forward time nudges a correction factor
 (exponential moving average of measured / predicted). Two more figures are learnt from
@@ -62,6 +64,7 @@ class CostModel:
         self.draft = np.asarray(draft, dtype=float)  # [len(batches)]
         self.verify_scale = 1.0
         self.draft_scale = 1.0
+        self.draft_token_s = 0.0  # the draft's prefill cost per token (catching up)
         self.propose: dict[str, float] = {}  # method -> seconds of one proposal (measured)
         self.overhead_s = 0.0  # seconds of a step outside its forwards and proposals
 
@@ -78,7 +81,15 @@ class CostModel:
             for j, t in enumerate(NEW_TOKENS):
                 table[i, j] = _time_forward(target, b, t, cached, reps)
         d = np.zeros(len(batches))
+        token_s = 0.0
         if draft is not None:
+            _fill(draft, 1, 1)
+            slot = torch.arange(1)
+            for _ in range(reps):
+                draft.truncate(slot, torch.zeros(1, dtype=torch.long))
+                t0 = time.perf_counter()
+                _fill(draft, 1, cached)
+                token_s = min(token_s or float("inf"), (time.perf_counter() - t0) / cached)
             for i, b in enumerate(batches):
                 _fill(draft, b, cached)
                 d[i] = _time_forward(draft, b, 1, cached, reps)
@@ -86,7 +97,9 @@ class CostModel:
         target.truncate(torch.arange(max_batch), torch.zeros(max_batch, dtype=torch.long))
         # a forward never gets cheaper with more rows: smooth out timing noise
         table = np.maximum.accumulate(np.maximum.accumulate(table, axis=1), axis=0)
-        return cls(batches, NEW_TOKENS, table, np.maximum.accumulate(d))
+        out = cls(batches, NEW_TOKENS, table, np.maximum.accumulate(d))
+        out.draft_token_s = token_s
+        return out
 
     def _interp_batch(self, values: np.ndarray, batch: float) -> np.ndarray | float:
         """Linear in the batch size between grid points, extrapolated linearly past the last."""
@@ -122,20 +135,26 @@ class CostModel:
                      np.interp(per_seq, n, by_new))  # fmt: skip
         return self.verify_scale * t
 
+    def catch_up_s(self, tokens: int | np.ndarray) -> float | np.ndarray:
+        """The draft model feeding `tokens` tokens it has not seen yet."""
+        return self.draft_scale * self.draft_token_s * tokens
+
     def draft_s(self, batch: int) -> float:
         if batch == 0:
             return 0.0
         return self.draft_scale * float(self._interp_batch(self.draft, batch))
 
     def observe(self, batch: int, rows: int, verify_s: float, draft_steps: int, draft_batch: int,
-                propose_s: float, rate: float = 0.05) -> None:  # fmt: skip
-        """Fold one measured step into the correction factors."""
+                propose_s: float, catch_up: int = 0, rate: float = 0.05) -> None:  # fmt: skip
+        """Fold one measured step into the correction factors (catch_up: tokens the draft
+        model fed before drafting)."""
         predicted = self.verify_s(batch, rows) / self.verify_scale
         if predicted > 0 and verify_s > 0:
             ratio = min(4.0, max(0.25, verify_s / predicted))
             self.verify_scale += rate * (ratio - self.verify_scale)
         if draft_steps and draft_batch:
             predicted = draft_steps * self.draft_s(draft_batch) / self.draft_scale
+            predicted += self.draft_token_s * catch_up
             if predicted > 0 and propose_s > 0:
                 ratio = min(4.0, max(0.25, propose_s / predicted))
                 self.draft_scale += rate * (ratio - self.draft_scale)
@@ -159,4 +178,5 @@ class CostModel:
         return {"batches": self.batches.tolist(), "new_tokens": self.news.tolist(),
                 "verify_s": self.verify.tolist(), "draft_s": self.draft.tolist(),
                 "verify_scale": self.verify_scale, "draft_scale": self.draft_scale,
+                "draft_token_s": self.draft_token_s,
                 "propose_s": dict(self.propose), "overhead_s": self.overhead_s}  # fmt: skip

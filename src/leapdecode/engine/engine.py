@@ -149,6 +149,8 @@ class Engine:
         out = self._prefill(admitted) if admitted else []
         new = {id(s) for s in admitted}
         decoding = [s for s in self.running if not s.finished and id(s) not in new]
+        # in slot order: consecutive slots make the caches' reads views, not gathered copies
+        decoding.sort(key=lambda s: s.slot)
         if decoding:
             out += self._decode(decoding)
         self._retire([s for s in self.running if s.finished])
@@ -208,9 +210,8 @@ class Engine:
         """The hidden states the batch's methods need from the target (as transformers'
         requires_model_outputs): only batches with medusa or eagle requests ask for any."""
         want = HiddenRequest()
-        methods = {s.spec.method for s in seqs}
         for p in self.proposers.values():
-            if p.name in methods or "auto" in methods:  # auto may pick any loaded head
+            if any(s.spec.may_use(p.name) for s in seqs):  # auto may pick a loaded head
                 want = want.union(p.wants_hidden)
         return want
 
@@ -232,9 +233,8 @@ class Engine:
                 hidden[i] = outs.hidden[i, at]  # [n, layers, H]
             if outs.final is not None:
                 final[i] = outs.final[i, at]  # [n, H]
-        methods = {s.spec.method for s in seqs}
         for p in self.proposers.values():
-            if p.wants_hidden and (p.name in methods or "auto" in methods):
+            if p.wants_hidden and any(s.spec.may_use(p.name) for s in seqs):
                 layers = [want.layers.index(j) for j in p.wants_hidden.layers]
                 p.target_hidden(seqs, [h[:, layers] if h is not None and layers else None
                                        for h in hidden], final)  # fmt: skip

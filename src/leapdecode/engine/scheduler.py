@@ -28,15 +28,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import MAX_K
+from ..config import AUTO_CHOICES, MAX_K
 from ..sequence import Sequence
 from .cost_model import CostModel
 
 # acceptance before anything is observed (per draft token; per tree depth for the heads)
 PRIOR = {"draft": 0.6, "ngram": 0.5, "suffix": 0.5, "medusa": 0.5, "eagle": 0.6}
-# what auto chooses from (draft, medusa, eagle: when loaded)
-AUTO_METHODS = ("ngram", "suffix", "draft", "medusa", "eagle")
+# what auto chooses from (draft, medusa, eagle: when loaded; SpecConfig.auto_methods says
+# which a request allows)
+AUTO_METHODS = AUTO_CHOICES
 DRAFT = AUTO_METHODS.index("draft")
+EAGLE = AUTO_METHODS.index("eagle")
 HEAD_TREE = 4  # auto's medusa / eagle tree: this many times the request's k nodes (<= 64)
 # auto's n-gram / suffix drafts: up to this many times k, and at least FREE_MIN tokens; they
 # cost nothing to make, and the goodput choice prices each verified row
@@ -84,6 +86,7 @@ class Scheduler:
         # across requests: the prior of a new request, by method
         self.global_rate = {m: _Estimate.flat(r) for m, r in PRIOR.items()}
         self.k_counts: dict[int, int] = {}  # histogram of chosen k (for metrics)
+        self.catch_up = 0  # tokens the draft model feeds before this step's drafts
 
     # --------------------------------------------------------------- lifecycle
     def ensure_cost_model(self) -> CostModel:
@@ -112,7 +115,7 @@ class Scheduler:
         method's propose time this step; overhead_s: the step's time outside the forwards
         and proposals."""
         spans = counts if spans is None else spans
-        rows = len(seqs) + sum(counts)
+        rows = len(seqs) * (1 + max(counts, default=0))  # drafts are padded to the longest
         draft_rows = [i for i, (m, _) in enumerate(plan) if m == "draft" and counts[i]]
         for i, (method, _) in enumerate(plan):
             if spans[i] and method in PRIOR:
@@ -122,7 +125,7 @@ class Scheduler:
         if self.cost is not None:
             steps = max((counts[i] for i in draft_rows), default=0)
             self.cost.observe(len(seqs), rows, verify_s, steps, len(draft_rows),
-                              propose_s.get("draft", 0.0))  # fmt: skip
+                              propose_s.get("draft", 0.0), self.catch_up)  # fmt: skip
             self.cost.observe_step({m: t for m, t in propose_s.items() if m != "draft"},
                                    overhead_s)  # fmt: skip
 
@@ -138,7 +141,15 @@ class Scheduler:
         auto = [i for i, p in enumerate(plan) if p is None]
         if auto:
             self._auto(seqs, plan, auto)
+        self.catch_up = sum(self._unseen(s) for s, p in zip(seqs, plan, strict=True)
+                            if p[0] == "draft" and p[1] > 0)  # fmt: skip
         return plan  # type: ignore[return-value]
+
+    def _unseen(self, seq: Sequence) -> int:
+        """Tokens of `seq` the draft model has not fed yet (it feeds a prompt lazily, and
+        what other methods accepted when it drafts next)."""
+        draft = self.engine.proposers.get("draft")
+        return 0 if draft is None else len(seq.tokens) - draft.fed.get(seq.id, 0)
 
     def _options(self, seq: Sequence) -> list[tuple[str, int, _Estimate, int | None]]:
         """(method, most drafts, acceptance estimate, tree depth) open to an `auto` sequence
@@ -147,9 +158,10 @@ class Scheduler:
         limit = max(0, seq.room() - 1)
         k = seq.spec.num_speculative_tokens
         opts = []
+        allowed = seq.spec.auto_methods
         ngram = self.engine.proposers["ngram"]
         free = min(MAX_K, max(FREE_FACTOR * k, FREE_MIN), limit)
-        avail = len(ngram.lookup(seq, free))
+        avail = len(ngram.lookup(seq, free)) if "ngram" in allowed else 0
         est = self._estimate(seq, "ngram")
         if avail:
             opts.append(("ngram", avail, est, None))
@@ -157,19 +169,21 @@ class Scheduler:
         # a full-length n-gram draft that is worth at least the best suffix draft could be
         # makes the suffix trie walk pointless this step (it costs about a millisecond)
         dominated = free and avail == free and est.gains(free)[-1] >= est_s.gains(free)[-1]
-        avail = 0 if dominated else len(suffix.speculate(seq, free)[0])
+        skip = dominated or "suffix" not in allowed
+        avail = 0 if skip else len(suffix.speculate(seq, free)[0])
         if avail:
             opts.append(("suffix", avail, est_s, None))
         # A seeded sampled request keeps to deterministic drafts: verified by the target's own
         # per-position sample (verify.py), it then emits what plain sampling with its seed
         # emits, whatever auto chose step by step. Draft-model steps would change the tokens.
         seeded = seq.params.seed is not None and not seq.params.greedy
-        if "draft" in self.engine.proposers and min(k, limit) > 0 and not seeded:
+        if "draft" in self.engine.proposers and "draft" in allowed and min(k, limit) > 0 \
+                and not seeded:  # fmt: skip
             opts.append(("draft", min(k, limit), self._estimate(seq, "draft"), None))
         size = min(MAX_K, HEAD_TREE * k, limit)  # heads draft deterministic trees
         for name in ("medusa", "eagle"):
             p = self.engine.proposers.get(name)
-            if p is None or size < 1 or not p.ready(seq):
+            if p is None or name not in allowed or size < 1 or not p.ready(seq):
                 continue
             depth = p.depth(size) if name == "medusa" else min(seq.spec.speculative_num_steps, size)
             opts.append((name, size, self._estimate(seq, name), depth))
@@ -179,7 +193,8 @@ class Scheduler:
         """Cost of one eagle proposal: measured once eagle has run, modelled before that as
         one head step per depth, each about two target layers' worth of a decode step (a
         layer, plus its head and tree upkeep)."""
-        if "eagle" not in self.engine.proposers:
+        if "eagle" not in self.engine.proposers or not any(
+                "eagle" in seqs[i].spec.auto_methods for i in auto):  # fmt: skip
             return 0.0
         layers = max(1, int(getattr(self.engine.target.config, "num_hidden_layers", 1)))
         depth = max(seqs[i].spec.speculative_num_steps for i in auto)
@@ -188,23 +203,22 @@ class Scheduler:
     def _auto(self, seqs, plan, auto: list[int]) -> None:
         """Choose (method, k) for the `auto` rows; see the module notes.
 
-        Goodput T / C is a ratio, so it is maximised by Dinkelbach's iteration: with the
-        current goodput G, each row independently takes the option that maximises
-        gain - G * cost, its cost being its rows in the verify forward (the marginal cost of
-        a row at the current plan's size, from the profiled table), its share of the draft
-        forwards and of its method's proposal; then the plan's exact goodput is computed and
-        the costs re-linearised around it. Every draft depth kd is tried (the draft
-        forwards' cost is shared by the rows that draft) and the best plan kept, never worse
-        than no drafts. A lone auto row has every option's exact goodput computed at once
-        instead. Vectorised over rows, options and k, with the verify cost tabulated by total
-        rows once per step: a fraction of a millisecond for one row, about one for 16."""
+        The verify forward is one [B, 1 + max_i k_i] block (drafts are right-padded to the
+        longest), so its cost is set by the longest draft, not by the sum: under a cap c on
+        every row's k, each row's extra drafts up to c are free in the forward, and the plan
+        for that cap is each row's most valuable option with k <= c. So every cap c (and
+        every draft-model depth kd <= c, and eagle on or off, the two proposals that cost
+        real time) is scored exactly, vectorised over c, and the best plan kept; c = 0 is
+        no drafts. A fraction of a millisecond for 16 rows."""
         cost = self.cost or CostModel()  # profiled at the first idle moment (engine.step)
         n = len(seqs)
-        fixed_tokens, fixed_rows, fixed_dk, fixed_dn = float(n), 0, 0, 0
+        fixed_tokens, fixed_k, fixed_dk, fixed_dn = float(n), 0, 0, 0
+        fixed_used: set[str] = set()
         for i, p in enumerate(plan):
             if p is None or p[1] == 0:
                 continue
-            fixed_rows += p[1]
+            fixed_k = max(fixed_k, p[1])
+            fixed_used.add(p[0])
             if p[0] in PRIOR:
                 fixed_tokens += float(self._estimate(seqs[i], p[0]).gains(p[1])[-1])
             if p[0] == "draft":
@@ -212,9 +226,9 @@ class Scheduler:
         options = [self._options(seqs[i]) for i in auto]
         top = max((lim for opts in options for _, lim, _, _ in opts), default=0)
         methods = AUTO_METHODS
-        rows_idx = np.arange(len(auto))
+        a, n_m = len(auto), len(methods)
         ks = np.arange(top + 1)  # [K+1]
-        gain = np.full((len(auto), len(methods), top + 1), -np.inf)  # [A, method, k]
+        gain = np.full((a, n_m, top + 1), -np.inf)  # [A, method, k] expected accepted drafts
         gain[:, :, 0] = 0.0
         top_draft = 0  # the deepest draft-model chain any row may take
         for j, opts in enumerate(options):
@@ -226,67 +240,49 @@ class Scheduler:
                         top_draft = max(top_draft, lim)
                 else:  # a head's tree: its whole size, worth its depth
                     gain[j, m, lim] = float(est.gains(depth)[-1])
-        # each method's proposal cost (draft model: per draft depth, below), shared by the
-        # rows that take it
-        propose = np.array([0.0 if m == "draft" else
-                            (self._eagle_s(cost, seqs, auto) if m == "eagle" else cost.propose_s(m))
-                            for m in methods])  # fmt: skip
-        a = len(auto)
-        offered = np.isfinite(gain[:, :, 1:]).any(2).sum(0) if top else np.zeros(len(methods))
-        share = propose / np.maximum(1, offered)  # [method]
-        base_rows = n + fixed_rows
-        verify = cost.verify_curve(n, base_rows + a * top + n)  # [R + 1] seconds by total rows
-        # one draft forward when j of the auto rows draft beside the fixed ones: [A + 1]
-        draft_fwd = np.array([cost.draft_s(fixed_dn + j) for j in range(a + 1)])
-        flat = gain.reshape(a, -1)  # [A, method * (K+1)]
-        m_of, k_of = np.divmod(np.arange(flat.shape[1]), top + 1)  # [method * (K+1)]
+        # under cap c: the best gain with k <= c, and the smallest k that reaches it
+        best = np.maximum.accumulate(gain, axis=2)  # [A, method, K+1]
+        prev = np.concatenate([np.full((a, n_m, 1), -np.inf), best[:, :, :-1]], axis=2)
+        k_at = np.maximum.accumulate(np.where(gain > prev, ks, 0), axis=2)  # [A, method, K+1]
+        propose = {m: self._eagle_s(cost, seqs, auto) if m == "eagle" else cost.propose_s(m)
+                   for m in methods if m != "draft"}  # fmt: skip
+        fixed_propose = sum(propose.get(m, 0.0) for m in fixed_used)
+        verify = cost.verify_curve(n, n * (1 + max(top, fixed_k)))  # seconds by forward rows
+        draft_fwd = np.array([cost.draft_s(fixed_dn + j) for j in range(a + 1)])  # [A + 1]
+        catch = np.array(
+            [cost.catch_up_s(self._unseen(seqs[i])) if top_draft else 0.0 for i in auto]
+        )  # [A] a row's draft catch-up, paid if it drafts
+        caps = ks  # [C] = [K+1]
 
-        def exact(choice: np.ndarray) -> float:
-            """Modelled goodput of a plan (flat indices method * (K+1) + k per auto row)."""
-            m, k = m_of[choice], k_of[choice]
-            t = fixed_tokens + flat[rows_idx, choice].sum()
-            drafting = (m == DRAFT) & (k > 0)
-            n_draft = int(drafting.sum())
-            dk = max(fixed_dk, int(k[drafting].max()) if n_draft else 0)
-            used = np.zeros(len(methods), dtype=bool)
-            used[m[k > 0]] = True
-            c = cost.overhead_s + verify[base_rows + int(k.sum())] + dk * draft_fwd[n_draft]
-            return t / (c + float(propose[used].sum()))
-
-        if a == 1:  # one auto row: every option's exact goodput at once
-            drafting = (m_of == DRAFT) & (k_of > 0)
-            dk = np.where(drafting, np.maximum(fixed_dk, k_of), fixed_dk)
-            c = (cost.overhead_s + verify[base_rows + k_of]
-                 + dk * np.where(drafting, draft_fwd[1], draft_fwd[0])
-                 + np.where(k_of > 0, propose[m_of], 0.0))  # fmt: skip
-            best_pick = np.array([int(np.argmax((fixed_tokens + flat[0]) / c))])
-        else:
-            best_pick = np.zeros(a, dtype=np.int64)  # no drafts
-            best_g = exact(best_pick)
-            depths = [0]
-            if top_draft:
-                depths += [d for d in range(1, top_draft + 1) if d >= fixed_dk]
-            n_can_draft = max(1, int(offered[DRAFT])) if top else 1
-            for kd in depths:
-                g = gain.copy()
-                g[:, DRAFT, kd + 1 :] = -np.inf  # drafts deeper than kd are not made
-                goodput, rows, n_draft = best_g, base_rows, n_can_draft
-                for _ in range(4):
-                    step = max(1, n)  # marginal cost of a row near the current plan's size
-                    c_row = (verify[rows + step] - verify[rows]) / step
-                    d_row = kd * draft_fwd[min(n_draft, a)] / (fixed_dn + n_draft)
-                    row_cost = np.broadcast_to(c_row * ks, g.shape).copy()  # [A, method, K+1]
-                    row_cost[:, :, 1:] += share[None, :, None]
-                    row_cost[:, DRAFT, 1:] += d_row
-                    choice = (g - goodput * row_cost).reshape(a, -1).argmax(1)  # [A]
-                    new = exact(choice)
-                    if new > best_g:
-                        best_g, best_pick = new, choice
-                    if new <= goodput * (1 + 1e-6):
-                        break
-                    m, k = m_of[choice], k_of[choice]
-                    goodput, rows = new, base_rows + int(k.sum())
-                    n_draft = max(1, int(((m == DRAFT) & (k > 0)).sum()))
+        best_g, best_plan = -1.0, (np.zeros(a, dtype=np.int64), np.zeros(a, dtype=np.int64), 0)
+        eagle_offered = bool(np.isfinite(gain[:, EAGLE, 1:]).any()) if top else False
+        for kd in [0] + [d for d in range(1, top_draft + 1) if d >= fixed_dk]:
+            for eagle_on in (False, True) if eagle_offered else (False,):
+                value = best.copy()  # [A, method, C]
+                k_of = k_at.copy()
+                d_cap = np.minimum(caps, kd)  # the draft model drafts at most kd
+                value[:, DRAFT] = best[:, DRAFT, d_cap] if kd else -np.inf
+                k_of[:, DRAFT] = k_at[:, DRAFT, d_cap]
+                if not eagle_on:
+                    value[:, EAGLE, 1:] = -np.inf
+                m = value.argmax(1)  # [A, C] each row's method under each cap
+                g = np.take_along_axis(value, m[:, None], 1)[:, 0]  # [A, C]
+                k = np.take_along_axis(k_of, m[:, None], 1)[:, 0]  # [A, C]
+                k = np.where(np.isfinite(g) & (g > 0), k, 0)
+                g = np.where(k > 0, g, 0.0)
+                tokens = fixed_tokens + g.sum(0)  # [C]
+                longest = np.maximum(fixed_k, k.max(0))  # [C]
+                drafting = (m == DRAFT) & (k > 0)  # [A, C]
+                dk = np.maximum(fixed_dk, np.where(drafting, k, 0).max(0))  # [C]
+                c = (cost.overhead_s + fixed_propose + verify[n * (1 + longest)]
+                     + dk * draft_fwd[drafting.sum(0)] + catch @ drafting)  # fmt: skip
+                for name, t in propose.items():
+                    if name not in fixed_used:
+                        c = c + t * ((m == methods.index(name)) & (k > 0)).any(0)
+                goodput = tokens / c  # [C]
+                ci = int(goodput.argmax())
+                if goodput[ci] > best_g:
+                    best_g, best_plan = float(goodput[ci]), (m[:, ci], k[:, ci], ci)
+        m, k, _ = best_plan
         for j, i in enumerate(auto):
-            m, k = divmod(int(best_pick[j]), top + 1)
-            plan[i] = (methods[m], k) if k > 0 else ("none", 0)
+            plan[i] = (methods[int(m[j])], int(k[j])) if k[j] > 0 else ("none", 0)

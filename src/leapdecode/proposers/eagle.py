@@ -5,8 +5,9 @@ token t+1) for every token the target has cached (models/eagle.py). A proposal:
 
 1. catch up: run the pairs the head has not seen (the target's aux hidden states arrive
    through `target_hidden`), batched and right-padded; the output at the last pair (kept
-   as the sequence's root) guesses the first draft token. A sequence that gets no drafts
-   for a while has its pairs fed as they pile up (past BACKLOG), so they stay bounded;
+   as the sequence's root) guesses the first draft token. An eagle sequence that gets no
+   drafts for a while has its pairs fed as they pile up (past BACKLOG), so they stay
+   bounded; an auto one keeps them (bounded by its context) until auto picks eagle;
 2. grow the tree (EAGLE-2): the root's top_k tokens are depth 1; at each depth the
    frontier (top_k nodes) runs one head step in one batched forward (each node attends to
    the cache, its ancestors and itself), each node's top_k children are scored by their
@@ -62,7 +63,7 @@ class EagleProposer(Proposer):
 
     def add(self, seqs: list[Sequence]) -> None:
         # only eagle requests (and auto ones, which may pick it) keep features and a cache
-        seqs = [s for s in seqs if s.spec.method in (self.name, "auto")]
+        seqs = [s for s in seqs if s.spec.may_use(self.name)]
         if seqs:
             self._ensure_slots(1 + max(s.slot for s in seqs))
         for s in seqs:
@@ -77,8 +78,12 @@ class EagleProposer(Proposer):
             if h is not None and s.id in self.pending and not s.finished:
                 self.pending[s.id].append(h.float())
                 self.n_pending[s.id] += len(h)
-        # rows that keep getting k = 0 (a busy batch) would pile up features: feed them now
-        backlog = [s for s in seqs if not s.finished and self.n_pending.get(s.id, 0) > BACKLOG]
+        # eagle rows that keep getting k = 0 (a busy batch) would pile up features: feed them
+        # now. An auto row keeps its features (at most its context's) until auto first picks
+        # eagle for it: most never do, and the head's pass over a whole prompt costs a
+        # sizeable share of the target's prefill.
+        backlog = [s for s in seqs if not s.finished and s.spec.method == self.name
+                   and self.n_pending.get(s.id, 0) > BACKLOG]  # fmt: skip
         if backlog:
             with torch.inference_mode():
                 self._catch_up(backlog)

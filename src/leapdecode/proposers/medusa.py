@@ -34,7 +34,7 @@ class MedusaProposer(Proposer):
 
     def target_hidden(self, seqs, hidden, final) -> None:
         for s, f in zip(seqs, final, strict=True):
-            if f is not None and len(f) and s.spec.method in (self.name, "auto"):
+            if f is not None and len(f) and s.spec.may_use(self.name):
                 self.last[s.id] = f[-1].clone()  # not a view keeping the prefill's states
 
     def ready(self, seq: Sequence) -> bool:

@@ -218,7 +218,7 @@ class SuffixProposer(Proposer):
         # Only requests that may draft with suffix (suffix, auto) build a trie or reach the
         # global tree: the others pay nothing for this method.
         for seq in seqs:
-            if seq.spec.method not in ("suffix", "auto"):
+            if not seq.spec.may_use("suffix"):
                 continue
             tree = SuffixTree(self.max_depth)
             tree.extend(0, seq.tokens[: seq.prompt_len])
