@@ -191,8 +191,22 @@ def test_auto_methods_limit_what_auto_picks(decoder, prompts):
         assert [o[0] for o in sched._options(seq)] == ["suffix"]  # a repeated prompt matches
     finally:
         decoder.engine.abort(seq.id)
-    assert SpecConfig(method="auto").auto_methods == ("ngram", "suffix", "draft", "medusa")
+    assert SpecConfig(method="auto").auto_methods == ("ngram", "suffix", "draft")
     assert SpecConfig(method="auto", auto_methods="ngram, eagle").may_use("eagle")
     assert not SpecConfig(method="auto").may_use("eagle")
+    assert not SpecConfig(method="auto").may_use("medusa")
     with pytest.raises(LeapDecodeError, match="auto_methods"):
         SpecConfig(method="auto", auto_methods=["ngram", "lookahead"])
+
+
+def test_a_new_request_takes_the_deepest_evidence_for_depths_not_drafted_yet():
+    """Fixed k = 2 requests teach positions 1-2 only; a new auto request's estimate for
+    positions 3+ leans on position 2, not on the flat prior."""
+    from leapdecode.engine.scheduler import _Estimate
+
+    glob = _Estimate.flat(0.6)
+    for i in range(300):
+        glob.update(2, (0, 1, 2, 2)[i % 4], weight=0.02)
+    new = glob.prior()
+    assert new.rates[3] == pytest.approx(new.rates[2]) and new.rates[3] != 0.6
+    assert new.rates[1] == pytest.approx(glob.rates[1])

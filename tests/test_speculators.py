@@ -215,7 +215,7 @@ def test_auto_may_pick_the_heads_and_stays_lossless(dec, prompts, reference, hf_
     from leapdecode.engine.scheduler import _Estimate
 
     monkeypatch.setattr(sched, "_eagle_s", lambda *a: 0.0)
-    plan, prior = sched.plan, dict(sched.global_rate)
+    plan, prior = sched.plan, {m: e.copy() for m, e in sched.global_rate.items()}
     sched.global_rate.update(medusa=_Estimate.flat(0.0), eagle=_Estimate.flat(0.0))
     sched.global_rate[head] = _Estimate.flat(0.99)
 

@@ -80,7 +80,7 @@ def add_draftless_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--auto-methods", default=",".join(AUTO_DEFAULT),
                    help="auto: the methods it chooses from each step, of "
                    f"{','.join(AUTO_CHOICES)} (default {','.join(AUTO_DEFAULT)}; "
-                   "eagle is opt-in: its head must first run over a request's whole context)")  # fmt: skip
+                   "the heads are opt-in: they need the target's hidden states every step)")  # fmt: skip
 
 
 def spec_options(args) -> dict:

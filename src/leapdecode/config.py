@@ -16,7 +16,7 @@ from .errors import LeapDecodeError
 # and the number of draft tokens (0 included) that maximise the whole batch's goodput.
 METHODS = ("none", "draft", "ngram", "suffix", "lookahead", "medusa", "eagle", "auto")
 AUTO_CHOICES = ("ngram", "suffix", "draft", "medusa", "eagle")  # what auto can choose from
-AUTO_DEFAULT = ("ngram", "suffix", "draft", "medusa")
+AUTO_DEFAULT = ("ngram", "suffix", "draft")
 MAX_K = 64  # the most draft tokens a step may verify per sequence
 MAX_TOP_K = 1_000_000
 
@@ -75,10 +75,11 @@ class SpecConfig:
     # draft_len_schedule): ((batch size, k), ...); a batch of B running sequences uses the k
     # of the largest batch size <= B. Empty: always num_speculative_tokens. Fixed methods only.
     num_speculative_tokens_per_batch_size: tuple[tuple[int, int], ...] = ()
-    # auto: the methods it chooses from each step (those loaded). EAGLE is opt-in: its head
-    # must have run over a request's whole context before its first draft, a cost auto pays
-    # up front for every request it might pick EAGLE for (on the embedded pair that loses
-    # more than EAGLE's occasional wins bring).
+    # auto: the methods it chooses from each step (those loaded). The trained heads are
+    # opt-in: a request that may use them needs the target's hidden states every step, and
+    # EAGLE's head must run over its whole context before its first draft, costs paid whether
+    # auto picks them or not (on the embedded pair: about 10% of auto's throughput at
+    # concurrency 1 for Medusa, which it then never picked).
     auto_methods: tuple[str, ...] = AUTO_DEFAULT
 
     def may_use(self, method: str) -> bool:

@@ -107,7 +107,7 @@ class Engine:
                 f"{spec.method}` makes them)"
             )
         tree = spec.method in ("lookahead", "medusa", "eagle") or (
-            spec.use_tree_spec and spec.method in ("ngram", "suffix", "auto"))  # fmt: skip
+            spec.use_tree_spec and (spec.may_use("ngram") or spec.may_use("suffix")))  # fmt: skip
         if tree and self.target.name != "native":
             raise LeapDecodeError(
                 f"{spec.method} with a draft tree needs tree attention, which the "

@@ -38,36 +38,54 @@ PRIOR = {"draft": 0.6, "ngram": 0.5, "suffix": 0.5, "medusa": 0.5, "eagle": 0.6}
 # which a request allows)
 AUTO_METHODS = AUTO_CHOICES
 DRAFT = AUTO_METHODS.index("draft")
-EAGLE = AUTO_METHODS.index("eagle")
+HEADS = (AUTO_METHODS.index("medusa"), AUTO_METHODS.index("eagle"))
 HEAD_TREE = 4  # auto's medusa / eagle tree: this many times the request's k nodes (<= 64)
 # auto's n-gram / suffix drafts: up to this many times k, and at least FREE_MIN tokens; they
 # cost nothing to make, and the goodput choice prices each verified row
 FREE_FACTOR, FREE_MIN = 2, 16
 EMA = 0.15  # weight of one new draft outcome in a sequence's acceptance estimate
 GLOBAL_EMA = 0.02  # the same across requests (the prior of the next request)
+PSEUDO = 20  # outcomes at a draft position before its own rate outweighs the one before it
 
 
 @dataclass
 class _Estimate:
     """Acceptance by draft position: rates[j] = P(position j accepted | 1..j-1 were),
-    j = 1..MAX_K (index 0 unused)."""
+    j = 1..MAX_K (index 0 unused); seen[j]: outcomes observed at position j."""
 
     rates: np.ndarray  # [MAX_K + 1]
+    seen: np.ndarray | None = None  # [MAX_K + 1]
+
+    def __post_init__(self) -> None:
+        if self.seen is None:
+            self.seen = np.zeros_like(self.rates)
 
     @classmethod
     def flat(cls, rate: float) -> _Estimate:
         return cls(np.full(MAX_K + 1, float(rate)))
 
     def copy(self) -> _Estimate:
-        return _Estimate(self.rates.copy())
+        return _Estimate(self.rates.copy(), self.seen.copy())
+
+    def prior(self) -> _Estimate:
+        """A new request's estimate from this (cross-request) one: a position seen a few
+        times leans on the position before it, so depths nobody has drafted to yet (a
+        fixed k = 2 before auto asks for 4) take the deepest evidence, not the flat prior."""
+        out = self.rates.copy()
+        weight = self.seen / (self.seen + PSEUDO)  # [MAX_K + 1]
+        for j in range(2, MAX_K + 1):
+            out[j] = weight[j] * self.rates[j] + (1 - weight[j]) * out[j - 1]
+        return _Estimate(out)
 
     def update(self, proposed: int, accepted: int, weight: float = EMA) -> None:
         # Positions 1..accepted are successes; the first rejected one (if any) a failure;
         # the positions after it were not tried.
         r = self.rates
         r[1 : accepted + 1] += weight * (1.0 - r[1 : accepted + 1])
+        tried = accepted + 1 if accepted < proposed else accepted
         if accepted < proposed:
             r[accepted + 1] -= weight * r[accepted + 1]
+        self.seen[1 : tried + 1] += 1
 
     def gains(self, upto: int) -> np.ndarray:
         """[upto] expected accepted drafts with k = 1..upto drafts (E(k) - 1)."""
@@ -105,7 +123,7 @@ class Scheduler:
     def _estimate(self, seq: Sequence, method: str) -> _Estimate:
         key = (seq.id, method)
         if key not in self.estimates:
-            self.estimates[key] = self.global_rate[method].copy()
+            self.estimates[key] = self.global_rate[method].prior()
         return self.estimates[key]
 
     def observe(self, seqs, plan, counts, n_accepted, propose_s: dict[str, float],
@@ -197,7 +215,8 @@ class Scheduler:
                 "eagle" in seqs[i].spec.auto_methods for i in auto):  # fmt: skip
             return 0.0
         layers = max(1, int(getattr(self.engine.target.config, "num_hidden_layers", 1)))
-        depth = max(seqs[i].spec.speculative_num_steps for i in auto)
+        depth = max(seqs[i].spec.speculative_num_steps for i in auto
+                    if "eagle" in seqs[i].spec.auto_methods)  # fmt: skip
         return cost.propose_s("eagle", depth * 2 * cost.verify_s(1, 1) / layers)
 
     def _auto(self, seqs, plan, auto: list[int]) -> None:
@@ -207,8 +226,8 @@ class Scheduler:
         longest), so its cost is set by the longest draft, not by the sum: under a cap c on
         every row's k, each row's extra drafts up to c are free in the forward, and the plan
         for that cap is each row's most valuable option with k <= c. So every cap c (and
-        every draft-model depth kd <= c, and eagle on or off, the two proposals that cost
-        real time) is scored exactly, vectorised over c, and the best plan kept; c = 0 is
+        every draft-model depth kd <= c, and each trained head on or off: the proposals
+        that cost real time) is scored exactly, vectorised over c, and the best plan kept; c = 0 is
         no drafts. A fraction of a millisecond for 16 rows."""
         cost = self.cost or CostModel()  # profiled at the first idle moment (engine.step)
         n = len(seqs)
@@ -219,8 +238,15 @@ class Scheduler:
                 continue
             fixed_k = max(fixed_k, p[1])
             fixed_used.add(p[0])
-            if p[0] in PRIOR:
-                fixed_tokens += float(self._estimate(seqs[i], p[0]).gains(p[1])[-1])
+            if p[0] in PRIOR:  # a head's tree is worth its depth, a chain its length
+                span = (
+                    self.engine.proposers[p[0]].depth(p[1])
+                    if p[0] == "medusa"
+                    else (
+                        min(p[1], seqs[i].spec.speculative_num_steps) if p[0] == "eagle" else p[1]
+                    )
+                )
+                fixed_tokens += float(self._estimate(seqs[i], p[0]).gains(span)[-1])
             if p[0] == "draft":
                 fixed_dk, fixed_dn = max(fixed_dk, p[1]), fixed_dn + 1
         options = [self._options(seqs[i]) for i in auto]
@@ -249,22 +275,31 @@ class Scheduler:
         fixed_propose = sum(propose.get(m, 0.0) for m in fixed_used)
         verify = cost.verify_curve(n, n * (1 + max(top, fixed_k)))  # seconds by forward rows
         draft_fwd = np.array([cost.draft_s(fixed_dn + j) for j in range(a + 1)])  # [A + 1]
-        catch = np.array(
-            [cost.catch_up_s(self._unseen(seqs[i])) if top_draft else 0.0 for i in auto]
-        )  # [A] a row's draft catch-up, paid if it drafts
+        # a row's draft catch-up (a prompt, or what other methods accepted) is paid once and
+        # then serves the row's later draft steps: spread over the steps it has left (at
+        # about two tokens a step), or a long prompt would keep the draft model out for good
+        catch = np.array([cost.catch_up_s(self._unseen(seqs[i]))
+                          / max(1.0, seqs[i].room() / 2) if top_draft else 0.0
+                          for i in auto])  # [A]  # fmt: skip
         caps = ks  # [C] = [K+1]
 
         best_g, best_plan = -1.0, (np.zeros(a, dtype=np.int64), np.zeros(a, dtype=np.int64), 0)
-        eagle_offered = bool(np.isfinite(gain[:, EAGLE, 1:]).any()) if top else False
-        for kd in [0] + [d for d in range(1, top_draft + 1) if d >= fixed_dk]:
-            for eagle_on in (False, True) if eagle_offered else (False,):
+        # the heads' proposals cost real time once any row takes them: each plan is scored
+        # with every subset of the offered heads switched on
+        offered = [h for h in HEADS if top and np.isfinite(gain[:, h, 1:]).any()]
+        subsets = [[h for b, h in enumerate(offered) if mask >> b & 1]
+                   for mask in range(1 << len(offered))]  # fmt: skip
+        # beside fixed draft rows the draft forwards run anyway: any depth up to theirs is free
+        for kd in [0] + list(range(max(1, min(fixed_dk, top_draft)), top_draft + 1)):
+            for heads_on in subsets:
                 value = best.copy()  # [A, method, C]
                 k_of = k_at.copy()
                 d_cap = np.minimum(caps, kd)  # the draft model drafts at most kd
                 value[:, DRAFT] = best[:, DRAFT, d_cap] if kd else -np.inf
                 k_of[:, DRAFT] = k_at[:, DRAFT, d_cap]
-                if not eagle_on:
-                    value[:, EAGLE, 1:] = -np.inf
+                for h in offered:
+                    if h not in heads_on:
+                        value[:, h, 1:] = -np.inf
                 m = value.argmax(1)  # [A, C] each row's method under each cap
                 g = np.take_along_axis(value, m[:, None], 1)[:, 0]  # [A, C]
                 k = np.take_along_axis(k_of, m[:, None], 1)[:, 0]  # [A, C]
