@@ -13,7 +13,8 @@ current prompt's own earlier runs.
 
 A full run takes longer than some sessions last, so each finished prompt's records are
 appended to a partial file; a run with the same settings resumes after the last finished
-prompt. A partial file of other settings stops the run with the differences (rather than
+prompt; one with fewer of its methods (and nothing else changed) keeps those methods'
+records. A partial file of other settings stops the run with the differences (rather than
 being overwritten): pass --fresh to start over.
 """
 
@@ -180,8 +181,10 @@ def load_partial(path: str | None, signature: dict) -> dict[str, list[Record]]:
     if not rows or "signature" not in rows[0]:
         return {}
     old, new = rows[0]["signature"], json.loads(json.dumps(signature))
-    if old != new:
-        diff = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
+    diff = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
+    if diff == ["methods"] and set(new["methods"]) <= set(old["methods"]):
+        rows = _narrow(path, rows, new)  # fewer methods: their records are still good
+    elif diff:
         raise LeapDecodeError(
             f"{path} holds {len(rows) - 1} finished prompts of a run with other settings "
             f"(differing: {', '.join(diff)}): rerun with the same settings to resume it, "
@@ -191,6 +194,22 @@ def load_partial(path: str | None, signature: dict) -> dict[str, list[Record]]:
     for row in rows[1:]:
         done[row["prompt_id"]] = [Record(**r) for r in row["records"]]
     return done
+
+
+def _narrow(path: str, rows: list[dict], signature: dict) -> list[dict]:
+    """Resume with a subset of an interrupted run's methods: keep those methods' records,
+    rewrite the partial file for the new settings, and keep the old file beside it."""
+    keep = signature["methods"]
+    narrowed = [{"signature": signature}]
+    for row in rows[1:]:
+        by_label = {r["method"]: r for r in row["records"]}
+        narrowed.append({**row, "records": [by_label[m] for m in keep]})
+    os.replace(path, path + ".all-methods")
+    with open(path, "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in narrowed)
+    print(f"resuming with {len(keep)} of the {len(rows[0]['signature']['methods'])} methods "
+          f"of {path}; the full records are kept in {path}.all-methods")  # fmt: skip
+    return narrowed
 
 
 def _append(path: str, obj: dict) -> None:
