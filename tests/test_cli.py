@@ -119,7 +119,23 @@ def bad_cases(tmp_path, target_dir, draft_dir, other_draft):
         "cuda on a CPU machine": (t + ["--device", "cuda", "x"], "CUDA"),
         "draft confidence of one": (t + ["--draft-min-prob", "1", "x"], "draft_min_prob"),
         "unknown draft dtype": (t + ["--draft-dtype", "int3", "x"], "invalid choice"),
+        "unknown auto method": (
+            t + ["--method", "auto", "--auto-methods", "magic", "x"],
+            "auto_methods",
+        ),  # fmt: skip
     }
+
+
+def test_auto_without_draft_in_its_methods_never_loads_the_draft(
+    capsys, target_dir, other_tokenizer_draft
+):
+    """--auto-methods without draft: the draft is neither loaded nor profiled (a draft of
+    another vocabulary, an error to load, passes unnoticed)."""
+    code, out, err = run_cli(capsys, "generate", "--target", target_dir, "--draft",
+                             other_tokenizer_draft, "--method", "auto", "--auto-methods",
+                             "ngram,suffix", "--json", "--max-new-tokens", "4", "x")  # fmt: skip
+    assert code == 0, err
+    check_contract(json.loads(out))
 
 
 def test_bad_input_gives_one_clear_line(

@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 
-from .config import AUTO_CHOICES, AUTO_DEFAULT, METHODS
+from .config import AUTO_CHOICES, AUTO_DEFAULT, METHODS, SpecConfig
 from .errors import LeapDecodeError
 from .paths import DEFAULT_MODELS, resolve_models  # noqa: F401 - DEFAULT_MODELS: tests
 
@@ -235,6 +235,9 @@ def _resolve_models(args) -> tuple[str, str | None]:
     target, draft = resolve_models(args.target, args.draft)
     if args.method not in ("draft", "auto"):
         return target, None  # only draft and auto run a draft model
+    auto = SpecConfig("auto", auto_methods=args.auto_methods) if args.method == "auto" else None
+    if auto is not None and not auto.may_use("draft"):
+        return target, None  # --auto-methods leaves the draft out: neither load nor profile it
     if draft is None and args.method == "draft":
         raise LeapDecodeError("method 'draft' needs a draft model: pass --draft PATH")
     return target, draft
