@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import sysconfig
@@ -148,3 +149,21 @@ def train_heads(target_dir: str, root: str, steps: int = 60, tokens: str | None 
             torch.set_num_threads(threads)
         outs.append(out)
     return outs[0], outs[1]
+
+
+@contextlib.contextmanager
+def planned_methods(scheduler):
+    """The methods `scheduler` plans to draft with (k > 0), step by step, while inside."""
+    used: list[str] = []
+    plan = scheduler.plan
+
+    def spy(seqs):
+        out = plan(seqs)
+        used.extend(m for m, k in out if k)
+        return out
+
+    scheduler.plan = spy
+    try:
+        yield used
+    finally:
+        scheduler.plan = plan

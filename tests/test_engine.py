@@ -104,12 +104,56 @@ def test_auto_speculates_when_rows_are_cheap_and_not_when_dear(decoder, prompts)
     assert all(k == 0 for _, k in _plan(decoder, prompts, dear))
 
 
+def test_draft_catch_up_is_charged_over_the_draft_steps_auto_takes(decoder, prompts):
+    """auto learns how often it drafts with the draft model for rows the draft has fed:
+    a prompt's catch-up is spread over that share of the steps a row has left."""
+    from leapdecode.engine import scheduler as sched_mod
+
+    sched, draft = decoder.engine.scheduler, decoder.engine.proposers["draft"]
+    seqs = [decoder.request(p, method="auto", k=4, max_new_tokens=8) for p in prompts[:3]]
+    saved = sched.draft_share
+    try:
+        sched.draft_share = sched_mod.DRAFT_SHARE_PRIOR
+        sched._learn_draft_share(seqs, [("draft", 2)] * 3)  # none fed yet: nothing learnt
+        assert sched.draft_share == sched_mod.DRAFT_SHARE_PRIOR
+        for s in seqs:
+            draft.fed[s.id] = len(s.tokens)
+        for _ in range(100):  # fed, and n-grams win their steps
+            sched._learn_draft_share(seqs, [("ngram", 8), ("ngram", 8), ("draft", 0)])
+        assert sched.draft_share < 0.01
+        for _ in range(100):
+            sched._learn_draft_share(seqs, [("draft", 2), ("ngram", 8), ("draft", 3)])
+        assert sched.draft_share == pytest.approx(2 / 3, abs=0.01)
+    finally:
+        sched.draft_share = saved
+        for s in seqs:
+            draft.fed.pop(s.id, None)
+
+
 def test_cost_model_profile_is_positive_and_leaves_caches_empty(decoder):
     engine = decoder.engine
     engine.allocate()
     cost = CostModel.profile(engine.target, engine.draft, 4, reps=1)
     assert cost.verify_s(4, 12) > 0 and cost.draft_s(4) > 0
     assert int(engine.target.lengths(torch.arange(4)).sum()) == 0
+    # a short and a long cached prefix, both inside the context; never cheaper when longer
+    assert len(cost.contexts) == 2 and cost.contexts[-1] < engine.target.max_context
+    assert (cost.verify[1] >= cost.verify[0]).all()
+
+
+def test_cost_model_prices_the_batchs_longest_prefix():
+    """Every row of a verify forward attends over the batch's longest cached prefix."""
+    short = ((0.01, 0.012, 0.016), (0.02, 0.024, 0.032))  # [batch 1, 8] x [T 1, 2, 4]
+    long = ((0.012, 0.016, 0.024), (0.024, 0.032, 0.048))
+    cost = CostModel((1, 8), (1, 2, 4), (short, long), (0.001, 0.002), contexts=(256, 768))
+    assert cost.verify_s(8, 32) == pytest.approx(0.032)  # no context: the short profile
+    assert cost.verify_s(8, 32, 100) == pytest.approx(0.032)
+    assert cost.verify_s(8, 32, 512) == pytest.approx(0.040)  # halfway
+    assert cost.verify_s(8, 32, 1024) == pytest.approx(0.056)  # extrapolated
+    curve = cost.verify_curve(8, 40, 640)
+    assert curve == pytest.approx([cost.verify_s(8, r, 640) for r in range(41)])
+    with pytest.raises(ValueError, match="grid"):
+        CostModel((1, 8), (1, 2, 4), (short, long), (0.001, 0.002))  # one context named
 
 
 def test_draft_catch_up_of_a_newcomer_beside_a_long_sequence(decoder):
@@ -167,22 +211,11 @@ def test_cost_model_curve_and_learnt_step_costs():
 def test_auto_methods_limit_what_auto_picks(decoder, prompts):
     """auto_methods: auto chooses only from these (eagle is opt-in); bad values are a
     clear error."""
-    used = set()
     sched = decoder.engine.scheduler
-    plan = sched.plan
-
-    def spy(seqs):
-        out = plan(seqs)
-        used.update(m for m, k in out if k)
-        return out
-
-    sched.plan = spy
-    try:
+    with helpers.planned_methods(sched) as used:
         decoder.generate_batch([p * 3 for p in prompts[:4]], method="auto", k=4,
                                max_new_tokens=12, auto_methods=["suffix"])  # fmt: skip
-    finally:
-        sched.plan = plan
-    assert used <= {"suffix"}  # (whether it drafts at all depends on what it has learnt)
+    assert set(used) <= {"suffix"}  # (whether it drafts at all depends on what it has learnt)
     seq = decoder.request(prompts[0] * 3, method="auto", k=4, max_new_tokens=8,
                           auto_methods=["suffix"])  # fmt: skip
     decoder.engine.add_request(seq)

@@ -210,31 +210,24 @@ def test_auto_may_pick_the_heads_and_stays_lossless(dec, prompts, reference, hf_
     an eagle step costs as much as its 2-layer target, so here the head under test starts
     with a high acceptance prior (as if it had been good so far), the other with none, and
     eagle's head steps are free."""
-    used = []
     sched = dec.engine.scheduler
     from leapdecode.engine.scheduler import _Estimate
 
     monkeypatch.setattr(sched, "_eagle_s", lambda *a: 0.0)
-    plan, prior = sched.plan, {m: e.copy() for m, e in sched.global_rate.items()}
+    prior = {m: e.copy() for m, e in sched.global_rate.items()}
     sched.global_rate.update(medusa=_Estimate.flat(0.0), eagle=_Estimate.flat(0.0))
     sched.global_rate[head] = _Estimate.flat(0.99)
 
-    def spy(seqs):
-        out = plan(seqs)
-        used.extend(m for m, k in out if k)
-        return out
-
-    sched.plan = spy
     try:
-        results = dec.generate_batch(
-            prompts,
-            method="auto",
-            k=4,
-            max_new_tokens=MAX_NEW,
-            auto_methods=("ngram", "suffix", "medusa", "eagle"),
-        )
+        with helpers.planned_methods(sched) as used:
+            results = dec.generate_batch(
+                prompts,
+                method="auto",
+                k=4,
+                max_new_tokens=MAX_NEW,
+                auto_methods=("ngram", "suffix", "medusa", "eagle"),
+            )
     finally:
-        sched.plan = plan
         sched.global_rate.update(prior)
     assert_lossless(prompts, [r.token_ids for r in results], reference, hf_target)
     assert head in used, set(used)

@@ -1,13 +1,16 @@
 """What a step costs on this machine: the target's verify forward and a draft forward.
 
 Profiled once (when `auto` is first needed, or at server start): forwards of B sequences x T
-new tokens each over a cached prefix of typical prompt length (256 tokens, or half the
-context when that is shorter), on a grid B in {1, 2, 4, ...} up to the slot
-count and T in {1, 2, 4, 8, 16}. A forward's cost is flat in T while per-operator overhead
-dominates and grows linearly once arithmetic does, so no single line fits it: the measured
-table is kept and interpolated,
+new tokens each over a cached prefix of L tokens, on a grid B in {1, 2, 4, ...} up to the
+slot count, T in {1, 2, 4, 8, 16} and L in {256, 768} (a typical prompt and a long one, both
+clamped to the context). A forward's cost is flat in T while per-operator overhead dominates
+and grows linearly once arithmetic does, so no single line fits it; and every new row
+attends over the batch's longest cached prefix (the KV cache is read up to it), which on a
+small model weighs as much as its MLP at a few hundred tokens. The measured table is kept
+and interpolated (linearly in B and L, extrapolated linearly past the last grid point):
 
-    verify_s(B, R)  = table(B, R / B)      (R = all rows of the step, sum of k_i + 1)
+    verify_s(B, R, L) = table(B, R / B, L)  (R = the step's forward rows; L = the batch's
+                                             longest sequence)
     draft_s(B)      = table_d(B)           (one draft forward of B one-token rows)
     catch_up_s(n)   = n * per-token cost   (the draft feeding n tokens it has not seen: a
                                             prompt, or what other methods accepted)
@@ -32,6 +35,7 @@ from ..models.base import CausalLM
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 NEW_TOKENS = (1, 2, 4, 8, 16)
+CONTEXTS = (256, 768)  # cached prefixes profiled (clamped to each model's context)
 
 
 def _fill(model: CausalLM, batch: int, cached: int) -> None:
@@ -55,12 +59,21 @@ def _time_forward(model: CausalLM, batch: int, new: int, cached: int, reps: int)
 
 
 class CostModel:
-    def __init__(self, batches=(1,), news=(1, 2), verify=((1.0, 2.0),), draft=(0.5,)) -> None:
-        """verify[i][j]: seconds for batches[i] sequences x news[j] tokens; draft[i]: one draft
+    def __init__(self, batches=(1,), news=(1, 2), verify=((1.0, 2.0),), draft=(0.5,),
+                 contexts=(256,)) -> None:  # fmt: skip
+        """verify[c][i][j]: seconds for batches[i] sequences x news[j] tokens over cached
+        prefixes of contexts[c] tokens (a 2-d table: one context); draft[i]: one draft
         forward of batches[i] sequences. The default is a made-up placeholder."""
         self.batches = np.asarray(batches, dtype=float)
         self.news = np.asarray(news, dtype=float)
-        self.verify = np.asarray(verify, dtype=float)  # [len(batches), len(news)]
+        self.contexts = np.asarray(contexts, dtype=float)
+        verify = np.asarray(verify, dtype=float)
+        if verify.ndim == 2:
+            verify = verify[None]
+        if verify.shape != (len(self.contexts), len(self.batches), len(self.news)):
+            raise ValueError(f"verify table {verify.shape} does not match the grid "
+                             f"{len(contexts)} x {len(batches)} x {len(news)}")  # fmt: skip
+        self.verify = verify  # [len(contexts), len(batches), len(news)]
         self.draft = np.asarray(draft, dtype=float)  # [len(batches)]
         self.verify_scale = 1.0
         self.draft_scale = 1.0
@@ -75,11 +88,16 @@ class CostModel:
         batches = sorted({b for b in BATCHES if b <= max_batch} | {max_batch})
         for m in (target, draft) if draft is not None else (target,):
             cached = max(1, min(cached, m.max_context // 2 - max(NEW_TOKENS)))
-        table = np.zeros((len(batches), len(NEW_TOKENS)))
-        for i, b in enumerate(batches):
-            _fill(target, b, cached)
-            for j, t in enumerate(NEW_TOKENS):
-                table[i, j] = _time_forward(target, b, t, cached, reps)
+        # the target also over a long prefix, where its context allows one
+        longest = target.max_context - max(NEW_TOKENS) - 1
+        contexts = [cached] + [c for c in CONTEXTS[1:] if cached < min(c, longest)]
+        contexts = sorted({min(c, longest) for c in contexts})
+        table = np.zeros((len(contexts), len(batches), len(NEW_TOKENS)))
+        for c, length in enumerate(contexts):
+            for i, b in enumerate(batches):
+                _fill(target, b, length)
+                for j, t in enumerate(NEW_TOKENS):
+                    table[c, i, j] = _time_forward(target, b, t, length, reps)
         d = np.zeros(len(batches))
         token_s = 0.0
         if draft is not None:
@@ -95,9 +113,10 @@ class CostModel:
                 d[i] = _time_forward(draft, b, 1, cached, reps)
             draft.truncate(torch.arange(max_batch), torch.zeros(max_batch, dtype=torch.long))
         target.truncate(torch.arange(max_batch), torch.zeros(max_batch, dtype=torch.long))
-        # a forward never gets cheaper with more rows: smooth out timing noise
-        table = np.maximum.accumulate(np.maximum.accumulate(table, axis=1), axis=0)
-        out = cls(batches, NEW_TOKENS, table, np.maximum.accumulate(d))
+        # a forward never gets cheaper with more rows or a longer prefix: smooth out noise
+        for axis in (2, 1, 0):
+            table = np.maximum.accumulate(table, axis=axis)
+        out = cls(batches, NEW_TOKENS, table, np.maximum.accumulate(d), contexts)
         out.draft_token_s = token_s
         return out
 
@@ -114,9 +133,23 @@ class CostModel:
         w = (batch - b[i]) / (b[i + 1] - b[i])
         return values[i] * (1 - w) + values[i + 1] * w
 
-    def verify_s(self, batch: int, rows: float) -> float:
+    def _by_new(self, batch: int, context: float | None) -> np.ndarray:
+        """[len(news)] seconds of `batch` sequences x each grid T over `context` cached
+        tokens (None: the shortest profiled), linear in the context between the profiled
+        ones, extrapolated linearly past the longest, the shortest's below it."""
+        tables = [self._interp_batch(t, batch) for t in self.verify]  # [len(contexts)] x [T]
+        c = self.contexts
+        if context is None or len(c) == 1 or context <= c[0]:
+            return tables[0]
+        i = min(int(np.searchsorted(c, context)) - 1, len(c) - 2)
+        w = (context - c[i]) / (c[i + 1] - c[i])
+        return tables[i] * (1 - w) + tables[i + 1] * w
+
+    def verify_s(self, batch: int, rows: float, context: float | None = None) -> float:
+        """One verify forward: `batch` sequences, `rows` new tokens in all, over cached
+        prefixes of up to `context` tokens."""
         per_seq = max(1.0, rows / max(1, batch))
-        by_new = self._interp_batch(self.verify, batch)  # [len(news)]
+        by_new = self._by_new(batch, context)  # [len(news)]
         n = self.news
         if per_seq >= n[-1]:  # past the grid: linear in the rows
             slope = (by_new[-1] - by_new[-2]) / (n[-1] - n[-2])
@@ -125,10 +158,10 @@ class CostModel:
             t = float(np.interp(per_seq, n, by_new))
         return self.verify_scale * float(t)
 
-    def verify_curve(self, batch: int, max_rows: int) -> np.ndarray:
-        """[max_rows + 1] verify_s(batch, R) for R = 0 .. max_rows, in one pass."""
+    def verify_curve(self, batch: int, max_rows: int, context: float | None = None) -> np.ndarray:
+        """[max_rows + 1] verify_s(batch, R, context) for R = 0 .. max_rows, in one pass."""
         per_seq = np.maximum(1.0, np.arange(max_rows + 1) / max(1, batch))
-        by_new = self._interp_batch(self.verify, batch)  # [len(news)]
+        by_new = self._by_new(batch, context)  # [len(news)]
         n = self.news
         slope = (by_new[-1] - by_new[-2]) / (n[-1] - n[-2])
         t = np.where(per_seq >= n[-1], by_new[-1] + slope * (per_seq - n[-1]),
@@ -145,10 +178,11 @@ class CostModel:
         return self.draft_scale * float(self._interp_batch(self.draft, batch))
 
     def observe(self, batch: int, rows: int, verify_s: float, draft_steps: int, draft_batch: int,
-                propose_s: float, catch_up: int = 0, rate: float = 0.05) -> None:  # fmt: skip
+                propose_s: float, catch_up: int = 0, rate: float = 0.05,
+                context: float | None = None) -> None:  # fmt: skip
         """Fold one measured step into the correction factors (catch_up: tokens the draft
-        model fed before drafting)."""
-        predicted = self.verify_s(batch, rows) / self.verify_scale
+        model fed before drafting; context: the batch's longest sequence)."""
+        predicted = self.verify_s(batch, rows, context) / self.verify_scale
         if predicted > 0 and verify_s > 0:
             ratio = min(4.0, max(0.25, verify_s / predicted))
             self.verify_scale += rate * (ratio - self.verify_scale)
@@ -176,6 +210,7 @@ class CostModel:
 
     def as_dict(self) -> dict:
         return {"batches": self.batches.tolist(), "new_tokens": self.news.tolist(),
+                "contexts": self.contexts.tolist(),
                 "verify_s": self.verify.tolist(), "draft_s": self.draft.tolist(),
                 "verify_scale": self.verify_scale, "draft_scale": self.draft_scale,
                 "draft_token_s": self.draft_token_s,

@@ -4,10 +4,11 @@ Fixed methods take their configured k (never past what the sequence may still em
 `auto` decides for the whole batch at once, each step: verifying speculation for one
 request is compute not spent on another, so it maximises the batch's goodput
 
-    goodput = sum_i E_i(k_i) / (overhead + verify_s(B, sum_i (k_i + 1))
+    goodput = sum_i E_i(k_i) / (overhead + verify_s(B, B (1 + max_i k_i), L)
                                 + draft_s(B_draft) * max k_draft + sum_m propose_s(m))
 
-where E_i(k) = 1 + r_1 + r_1 r_2 + ... + r_1 ... r_k is the expected number of tokens
+(a step's drafts are padded to the longest, and every row attends over the batch's longest
+sequence, L), where E_i(k) = 1 + r_1 + r_1 r_2 + ... + r_1 ... r_k is the expected number of tokens
 sequence i emits with k drafts, r_j being its running estimate, for that method, of the
 chance that draft position j is accepted once positions 1..j-1 were (estimates by draft
 position: a copied span that matched four tokens tends to match the fifth, which one
@@ -46,6 +47,12 @@ FREE_FACTOR, FREE_MIN = 2, 16
 EMA = 0.15  # weight of one new draft outcome in a sequence's acceptance estimate
 GLOBAL_EMA = 0.02  # the same across requests (the prior of the next request)
 PSEUDO = 20  # outcomes at a draft position before its own rate outweighs the one before it
+# A draft catch-up (a prompt, or what other methods accepted) is paid once and serves the
+# row's later draft steps, so it is charged over the draft steps the row is expected to take:
+# the steps it has left (about two tokens a step) x the share of steps auto has drafted with
+# the draft model for rows it had already fed (learnt: on text that n-grams copy, the draft is picked on few steps,
+# and a 2000-token prompt fed for two draft steps cost more than it brought).
+DRAFT_SHARE_PRIOR, DRAFT_SHARE_EMA = 0.5, 0.02
 
 
 @dataclass
@@ -105,6 +112,7 @@ class Scheduler:
         self.global_rate = {m: _Estimate.flat(r) for m, r in PRIOR.items()}
         self.k_counts: dict[int, int] = {}  # histogram of chosen k (for metrics)
         self.catch_up = 0  # tokens the draft model feeds before this step's drafts
+        self.draft_share = DRAFT_SHARE_PRIOR  # of fed auto rows' steps, those with draft
 
     # --------------------------------------------------------------- lifecycle
     def ensure_cost_model(self) -> CostModel:
@@ -142,8 +150,9 @@ class Scheduler:
             self.k_counts[counts[i]] = self.k_counts.get(counts[i], 0) + 1
         if self.cost is not None:
             steps = max((counts[i] for i in draft_rows), default=0)
+            context = max(len(s.tokens) for s in seqs)  # the longest prefix the rows read
             self.cost.observe(len(seqs), rows, verify_s, steps, len(draft_rows),
-                              propose_s.get("draft", 0.0), self.catch_up)  # fmt: skip
+                              propose_s.get("draft", 0.0), self.catch_up, context=context)  # fmt: skip
             self.cost.observe_step({m: t for m, t in propose_s.items() if m != "draft"},
                                    overhead_s)  # fmt: skip
 
@@ -159,9 +168,23 @@ class Scheduler:
         auto = [i for i, p in enumerate(plan) if p is None]
         if auto:
             self._auto(seqs, plan, auto)
+            self._learn_draft_share([seqs[i] for i in auto], [plan[i] for i in auto])
         self.catch_up = sum(self._unseen(s) for s, p in zip(seqs, plan, strict=True)
                             if p[0] == "draft" and p[1] > 0)  # fmt: skip
         return plan  # type: ignore[return-value]
+
+    def _learn_draft_share(self, seqs: list[Sequence], plan) -> None:
+        """Fold this step's choices for rows the draft model has fed into `draft_share` (a
+        share learnt low still lets short prompts in, whose catch-up is cheap: if the draft
+        then wins their steps, the share rises again)."""
+        draft = self.engine.proposers.get("draft")
+        if draft is None:
+            return
+        fed = [p[0] == "draft" and p[1] > 0 for s, p in zip(seqs, plan, strict=True)
+               if s.spec.may_use("draft") and s.room() > 1
+               and draft.fed.get(s.id, 0) >= s.prompt_len]  # fmt: skip
+        for used in fed:
+            self.draft_share += DRAFT_SHARE_EMA * (float(used) - self.draft_share)
 
     def _unseen(self, seq: Sequence) -> int:
         """Tokens of `seq` the draft model has not fed yet (it feeds a prompt lazily, and
@@ -273,13 +296,13 @@ class Scheduler:
         propose = {m: self._eagle_s(cost, seqs, auto) if m == "eagle" else cost.propose_s(m)
                    for m in methods if m != "draft"}  # fmt: skip
         fixed_propose = sum(propose.get(m, 0.0) for m in fixed_used)
-        verify = cost.verify_curve(n, n * (1 + max(top, fixed_k)))  # seconds by forward rows
+        context = max(len(s.tokens) for s in seqs)  # every row reads the longest prefix
+        verify = cost.verify_curve(n, n * (1 + max(top, fixed_k)), context)  # s by forward rows
         draft_fwd = np.array([cost.draft_s(fixed_dn + j) for j in range(a + 1)])  # [A + 1]
-        # a row's draft catch-up (a prompt, or what other methods accepted) is paid once and
-        # then serves the row's later draft steps: spread over the steps it has left (at
-        # about two tokens a step), or a long prompt would keep the draft model out for good
+        # a row's draft catch-up is paid once and then serves the row's later draft steps:
+        # spread over those it is expected to take (DRAFT_SHARE_PRIOR above)
         catch = np.array([cost.catch_up_s(self._unseen(seqs[i]))
-                          / max(1.0, seqs[i].room() / 2) if top_draft else 0.0
+                          / max(1.0, seqs[i].room() / 2 * self.draft_share) if top_draft else 0.0
                           for i in auto])  # [A]  # fmt: skip
         caps = ks  # [C] = [K+1]
 
