@@ -55,6 +55,24 @@ def test_counts_match_brute_force_after_appends_and_removals(seed, vocab, depth)
     assert tree.root.count == sum(len(s) for s in seqs.values())
 
 
+@pytest.mark.parametrize("seed,vocab,depth", [(0, 3, 6), (1, 2, 24), (2, 40, 8)])
+def test_own_matches_are_the_walks_from_the_root(seed, vocab, depth):
+    """A request's matches against its own trie come from the nodes its growing suffixes end
+    at, without walking: they must be exactly what walking each suffix from the root finds."""
+    rng = random.Random(seed)
+    tree = SuffixTree(max_depth=depth)
+    text: list[int] = []
+    for _ in range(40):  # appended in pieces, repeats included (edges split, tails grow)
+        piece = text[-rng.randrange(1, 9) :] if text and rng.random() < 0.4 else []
+        piece = piece or [rng.randrange(vocab) for _ in range(rng.randrange(1, 6))]
+        tree.extend(0, piece)
+        text += piece
+        walked = list(tree.match(text[-depth:]))
+        assert [(m, at[0], at[1]) for m, at in tree.own_matches(0)] == [
+            (m, at[0], at[1]) for m, at in walked
+        ]
+
+
 def test_path_draft_follows_the_most_frequent_continuation():
     tree = SuffixTree(max_depth=8)
     tree.extend(0, [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 9, 1, 2])

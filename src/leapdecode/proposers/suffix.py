@@ -148,6 +148,13 @@ class SuffixTree:
                 return  # a longer suffix cannot match either
             yield m, at
 
+    def own_matches(self, sid) -> list[tuple[int, tuple[Node, int]]]:
+        """match() of sequence `sid`'s own text against this trie, for free: the nodes where
+        its growing suffixes end are those matches (each at the end of its edge)."""
+        active = self.active.get(sid, ())
+        longest = min(len(active), self.max_depth - 1)
+        return [(m, (active[-m], active[-m].length)) for m in range(1, longest + 1)]
+
     def draft(self, at: tuple[Node, int], max_tokens: int, min_prob: float,
               tree: bool) -> tuple[list[int], list[int], float]:  # fmt: skip
         """(tokens, parents as input indices, score) grown from a match `at`."""
@@ -253,17 +260,22 @@ class SuffixProposer(Proposer):
     def _speculate(self, seq: Sequence, k: int) -> tuple[list[int], list[int], float]:
         self._sync(seq)
         spec = seq.spec
-        context = seq.tokens[-self.max_depth :]
+        local = self.local[seq.id]
+        matches = [(m, local, at) for m, at in local.own_matches(0)]
+        if self.global_tree.root.children:
+            context = seq.tokens[-self.max_depth :]
+            matches += [(m, self.global_tree, at) for m, at in self.global_tree.match(context)]
+        # longest matches first: a draft's score (expected accepted length) is at most its
+        # cap, so once the caps fall to the best score the shorter matches cannot win
+        matches.sort(key=lambda x: -x[0])
         best: tuple[list[int], list[int], float] = ([], [], 0.0)
-        for tree in (self.local[seq.id], self.global_tree):
-            for m, node in tree.match(context):
-                limit = min(k, int(m * spec.suffix_decoding_max_spec_factor + 1e-6))
-                if limit <= 0:
-                    continue
-                got = tree.draft(node, limit, spec.suffix_decoding_min_token_prob,
-                                 spec.use_tree_spec)  # fmt: skip
-                if got[2] > best[2] or (got[2] == best[2] and len(got[0]) > len(best[0])):
-                    best = got
+        for m, tree, at in matches:
+            limit = min(k, int(m * spec.suffix_decoding_max_spec_factor + 1e-6))
+            if limit <= best[2]:
+                break
+            got = tree.draft(at, limit, spec.suffix_decoding_min_token_prob, spec.use_tree_spec)
+            if got[2] > best[2] or (got[2] == best[2] and len(got[0]) > len(best[0])):
+                best = got
         return best
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Drafts:
