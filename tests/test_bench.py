@@ -197,6 +197,12 @@ def test_interrupted_bench_run_resumes_after_its_last_finished_prompt(
     cells = json.loads((out / "results.json").read_text())["cells"]
     assert {c["name"] for c in cells} == {"none", "suffix"}
     assert (out / "partial.jsonl.all-methods").read_text() == kept
+    with monkeypatch.context() as m:  # narrowed again: the first full file stays
+        m.setattr(report, "aggregate", interrupted)
+        assert main(argv) == 130
+    assert main(narrow) == 0
+    assert (out / "partial.jsonl.all-methods").read_text() == kept
+    assert (out / "partial.jsonl.all-methods.1").exists()
     assert main([*argv, "--ngram-k", "5", "--fresh"]) == 0
     assert "already measured" not in capsys.readouterr().out
 

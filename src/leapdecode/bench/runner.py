@@ -204,11 +204,14 @@ def _narrow(path: str, rows: list[dict], signature: dict) -> list[dict]:
     for row in rows[1:]:
         by_label = {r["method"]: r for r in row["records"]}
         narrowed.append({**row, "records": [by_label[m] for m in keep]})
-    os.replace(path, path + ".all-methods")
+    kept, n = path + ".all-methods", 1
+    while os.path.exists(kept):  # narrowed before: keep every earlier file too
+        kept, n = f"{path}.all-methods.{n}", n + 1
+    os.replace(path, kept)
     with open(path, "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in narrowed)
     print(f"resuming with {len(keep)} of the {len(rows[0]['signature']['methods'])} methods "
-          f"of {path}; the full records are kept in {path}.all-methods")  # fmt: skip
+          f"of {path}; the full records are kept in {kept}")  # fmt: skip
     return narrowed
 
 
