@@ -203,6 +203,7 @@ def test_interrupted_bench_run_resumes_after_its_last_finished_prompt(
     assert main(narrow) == 0
     assert (out / "partial.jsonl.all-methods").read_text() == kept
     assert (out / "partial.jsonl.all-methods.1").exists()
+    capsys.readouterr()
     assert main([*argv, "--ngram-k", "5", "--fresh"]) == 0
     assert "already measured" not in capsys.readouterr().out
 
