@@ -50,27 +50,25 @@ def _error(e: APIError, headers: dict | None = None) -> JSONResponse:
 class ClientWatch:
     """Engine events for one request, and whether its client is still there.
 
-    The client is checked at least every `every` seconds, also while events keep coming (a
-    non-streamed request whose client left must not run to its end)."""
+    The client is checked with every event (a poll of the connection, cheap beside the
+    chunk it guards) and at least every `every` seconds while none comes, so a client that
+    hangs up is noticed within a step, even when its request would finish in well under a
+    second."""
 
     def __init__(self, request, events: asyncio.Queue, every: float = 0.5) -> None:
         self.request = request
         self.events = events
         self.every = every
-        self.next_check = time.monotonic() + every
 
     async def next(self):
         """The next engine event; None once the client has gone away."""
         while True:
-            wait = max(self.next_check - time.monotonic(), 0.01)
             try:
-                ev = await asyncio.wait_for(self.events.get(), timeout=wait)
+                ev = await asyncio.wait_for(self.events.get(), timeout=self.every)
             except (TimeoutError, asyncio.TimeoutError):  # the same class from Python 3.11 on
                 ev = None
-            if time.monotonic() >= self.next_check:
-                if await self.request.is_disconnected():
-                    return None
-                self.next_check = time.monotonic() + self.every
+            if await self.request.is_disconnected():
+                return None
             if ev is not None:
                 return ev
 
