@@ -50,9 +50,15 @@ PSEUDO = 20  # outcomes at a draft position before its own rate outweighs the on
 # A draft catch-up (a prompt, or what other methods accepted) is paid once and serves the
 # row's later draft steps, so it is charged over the draft steps the row is expected to take:
 # the steps it has left (about two tokens a step) x the share of steps auto has drafted with
-# the draft model for rows it had already fed (learnt: on text that n-grams copy, the draft is picked on few steps,
-# and a 2000-token prompt fed for two draft steps cost more than it brought).
+# the draft model for rows it had already fed (learnt: on text that n-grams copy, the draft
+# is picked on few steps, and a 2000-token prompt fed for two draft steps cost more than it
+# brought).
 DRAFT_SHARE_PRIOR, DRAFT_SHARE_EMA = 0.5, 0.02
+
+
+def _longest(seqs: list[Sequence]) -> int:
+    """The batch's longest sequence: every row of a verify forward attends up to it."""
+    return max(len(s.tokens) for s in seqs)
 
 
 @dataclass
@@ -150,9 +156,9 @@ class Scheduler:
             self.k_counts[counts[i]] = self.k_counts.get(counts[i], 0) + 1
         if self.cost is not None:
             steps = max((counts[i] for i in draft_rows), default=0)
-            context = max(len(s.tokens) for s in seqs)  # the longest prefix the rows read
             self.cost.observe(len(seqs), rows, verify_s, steps, len(draft_rows),
-                              propose_s.get("draft", 0.0), self.catch_up, context=context)  # fmt: skip
+                              propose_s.get("draft", 0.0), self.catch_up,
+                              context=_longest(seqs))  # fmt: skip
             self.cost.observe_step({m: t for m, t in propose_s.items() if m != "draft"},
                                    overhead_s)  # fmt: skip
 
@@ -296,8 +302,7 @@ class Scheduler:
         propose = {m: self._eagle_s(cost, seqs, auto) if m == "eagle" else cost.propose_s(m)
                    for m in methods if m != "draft"}  # fmt: skip
         fixed_propose = sum(propose.get(m, 0.0) for m in fixed_used)
-        context = max(len(s.tokens) for s in seqs)  # every row reads the longest prefix
-        verify = cost.verify_curve(n, n * (1 + max(top, fixed_k)), context)  # s by forward rows
+        verify = cost.verify_curve(n, n * (1 + max(top, fixed_k)), _longest(seqs))  # [rows + 1]
         draft_fwd = np.array([cost.draft_s(fixed_dn + j) for j in range(a + 1)])  # [A + 1]
         # a row's draft catch-up is paid once and then serves the row's later draft steps:
         # spread over those it is expected to take (DRAFT_SHARE_PRIOR above)
