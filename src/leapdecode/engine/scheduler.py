@@ -310,42 +310,44 @@ class Scheduler:
                           / max(1.0, seqs[i].room() / 2 * self.draft_share) if top_draft else 0.0
                           for i in auto])  # [A]  # fmt: skip
         caps = ks  # [C] = [K+1]
-
-        best_g, best_plan = -1.0, (np.zeros(a, dtype=np.int64), np.zeros(a, dtype=np.int64), 0)
+        # beside fixed draft rows the draft forwards run anyway: any depth up to theirs is free;
+        # every draft-model depth kd is scored at once, on a leading axis [D]
+        kds = np.array([0] + list(range(max(1, min(fixed_dk, top_draft)), top_draft + 1)))  # [D]
+        d_cap = np.minimum(caps[None, :], kds[:, None])  # [D, C] the draft drafts at most kd
+        base = np.broadcast_to(best, (len(kds),) + best.shape).copy()  # [D, A, method, C]
+        base_k = np.broadcast_to(k_at, base.shape).copy()
+        base[:, :, DRAFT] = best[:, DRAFT][:, d_cap].transpose(1, 0, 2)  # [D, A, C]
+        base[kds == 0, :, DRAFT] = -np.inf
+        base_k[:, :, DRAFT] = k_at[:, DRAFT][:, d_cap].transpose(1, 0, 2)
+        best_g, best_plan = -1.0, (np.zeros(a, dtype=np.int64), np.zeros(a, dtype=np.int64))
         # the heads' proposals cost real time once any row takes them: each plan is scored
         # with every subset of the offered heads switched on
         offered = [h for h in HEADS if top and np.isfinite(gain[:, h, 1:]).any()]
-        subsets = [[h for b, h in enumerate(offered) if mask >> b & 1]
-                   for mask in range(1 << len(offered))]  # fmt: skip
-        # beside fixed draft rows the draft forwards run anyway: any depth up to theirs is free
-        for kd in [0] + list(range(max(1, min(fixed_dk, top_draft)), top_draft + 1)):
-            for heads_on in subsets:
-                value = best.copy()  # [A, method, C]
-                k_of = k_at.copy()
-                d_cap = np.minimum(caps, kd)  # the draft model drafts at most kd
-                value[:, DRAFT] = best[:, DRAFT, d_cap] if kd else -np.inf
-                k_of[:, DRAFT] = k_at[:, DRAFT, d_cap]
-                for h in offered:
-                    if h not in heads_on:
-                        value[:, h, 1:] = -np.inf
-                m = value.argmax(1)  # [A, C] each row's method under each cap
-                g = np.take_along_axis(value, m[:, None], 1)[:, 0]  # [A, C]
-                k = np.take_along_axis(k_of, m[:, None], 1)[:, 0]  # [A, C]
-                k = np.where(np.isfinite(g) & (g > 0), k, 0)
-                g = np.where(k > 0, g, 0.0)
-                tokens = fixed_tokens + g.sum(0)  # [C]
-                longest = np.maximum(fixed_k, k.max(0))  # [C]
-                drafting = (m == DRAFT) & (k > 0)  # [A, C]
-                dk = np.maximum(fixed_dk, np.where(drafting, k, 0).max(0))  # [C]
-                c = (cost.overhead_s + fixed_propose + verify[n * (1 + longest)]
-                     + dk * draft_fwd[drafting.sum(0)] + catch @ drafting)  # fmt: skip
-                for name, t in propose.items():
-                    if name not in fixed_used:
-                        c = c + t * ((m == methods.index(name)) & (k > 0)).any(0)
-                goodput = tokens / c  # [C]
-                ci = int(goodput.argmax())
-                if goodput[ci] > best_g:
-                    best_g, best_plan = float(goodput[ci]), (m[:, ci], k[:, ci], ci)
-        m, k, _ = best_plan
+        for mask in range(1 << len(offered)):
+            value = base
+            if offered:
+                value = base.copy()
+                for b, h in enumerate(offered):
+                    if not mask >> b & 1:
+                        value[:, :, h, 1:] = -np.inf
+            m = value.argmax(2)  # [D, A, C] each row's method under each (kd, cap)
+            g = np.take_along_axis(value, m[:, :, None], 2)[:, :, 0]  # [D, A, C]
+            k = np.take_along_axis(base_k, m[:, :, None], 2)[:, :, 0]  # [D, A, C]
+            k = np.where(np.isfinite(g) & (g > 0), k, 0)
+            g = np.where(k > 0, g, 0.0)
+            tokens = fixed_tokens + g.sum(1)  # [D, C]
+            longest = np.maximum(fixed_k, k.max(1))  # [D, C]
+            drafting = (m == DRAFT) & (k > 0)  # [D, A, C]
+            dk = np.maximum(fixed_dk, np.where(drafting, k, 0).max(1))  # [D, C]
+            c = (cost.overhead_s + fixed_propose + verify[n * (1 + longest)]
+                 + dk * draft_fwd[drafting.sum(1)] + np.einsum("dac,a->dc", drafting, catch))  # fmt: skip
+            for name, t in propose.items():
+                if name not in fixed_used:
+                    c = c + t * ((m == methods.index(name)) & (k > 0)).any(1)
+            goodput = tokens / c  # [D, C]
+            di, ci = np.unravel_index(int(goodput.argmax()), goodput.shape)
+            if goodput[di, ci] > best_g:
+                best_g, best_plan = float(goodput[di, ci]), (m[di, :, ci], k[di, :, ci])
+        m, k = best_plan
         for j, i in enumerate(auto):
             plan[i] = (methods[int(m[j])], int(k[j])) if k[j] > 0 else ("none", 0)

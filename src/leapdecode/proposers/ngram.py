@@ -24,31 +24,42 @@ from .base import Drafts, Proposer
 class NgramIndex:
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n, self.max_n = min_n, max_n
-        # n -> n-gram -> [first, latest] start of the continuation
-        self.tables: dict[int, dict[tuple[int, ...], list[int]]] = {
+        # n -> n-gram -> start of the continuation after its first / its latest occurrence
+        self.first: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
+        self.latest: dict[int, dict[tuple[int, ...], int]] = {
             n: {} for n in range(min_n, max_n + 1)
         }
         self.indexed = 0  # continuation starts 1..indexed are registered
 
     def sync(self, tokens: list[int]) -> None:
-        """Register every n-gram that ends before the last token (it has a continuation)."""
-        for j in range(self.indexed + 1, len(tokens)):  # j = start of the continuation
-            for n, table in self.tables.items():
-                if j >= n:
-                    seen = table.get(key := tuple(tokens[j - n : j]))
-                    if seen is None:
-                        table[key] = [j, j]
-                    else:
-                        seen[1] = j
-        self.indexed = max(self.indexed, len(tokens) - 1)
+        """Register every n-gram that ends before the last token (it has a continuation).
+        A prompt is registered with dict updates over zipped slices (the n-grams are built
+        and stored in C: a Python loop per token cost about a millisecond a prompt)."""
+        hi = len(tokens)  # continuation starts j = lo .. hi - 1
+        for n in self.first:
+            lo = max(self.indexed + 1, n)
+            if lo >= hi:
+                continue
+            # key j = tuple(tokens[j - n : j]), its i-th element tokens[j - n + i]
+            keys = list(zip(*(tokens[lo - n + i : hi - n + i] for i in range(n)), strict=True))
+            starts = range(lo, hi)
+            self.latest[n].update(zip(keys, starts, strict=True))  # a later occurrence overwrites
+            first = self.first[n]
+            if not first:  # a prompt: the earliest occurrence of each, in one pass
+                self.first[n] = dict(zip(reversed(keys), reversed(starts), strict=True))
+            else:  # a step's few tokens: O(1) each, as a merge would copy the table
+                for key, j in zip(keys, starts, strict=True):
+                    first.setdefault(key, j)
+        self.indexed = max(self.indexed, hi - 1)
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         """Up to k tokens that followed the longest matching suffix (see the module notes)."""
         length = len(tokens)
         for n in range(min(self.max_n, length), self.min_n - 1, -1):
-            seen = self.tables[n].get(tuple(tokens[length - n :]))
-            if seen is not None:
-                first, latest = seen
+            key = tuple(tokens[length - n :])
+            latest = self.latest[n].get(key)
+            if latest is not None:
+                first = self.first[n][key]
                 # latest leaves k tokens to copy, or there is no earlier occurrence
                 start = latest if length - latest >= k or first == latest else first
                 return tokens[start : start + k]
@@ -64,10 +75,10 @@ class NgramIndex:
             out.append(best)
             seen.add(tuple(best))
         for n in range(min(self.max_n, length), self.min_n - 1, -1):
-            found = self.tables[n].get(tuple(tokens[length - n :]))
-            if found is None:
+            key = tuple(tokens[length - n :])
+            if key not in self.latest[n]:
                 continue
-            for start in (found[1], found[0]):
+            for start in (self.latest[n][key], self.first[n][key]):
                 cand = tokens[start : start + k]
                 if cand and tuple(cand) not in seen:
                     seen.add(tuple(cand))
