@@ -89,6 +89,15 @@ def test_logits_match_transformers(name, tmp_path):
             want = ref_model(seq).logits[0, -2:]
         assert (step[b] - want).abs().max().item() < 1e-4
 
+    # Slots with holes between them, out of order (attention runs over the slot range as a
+    # view, the holes as dummy rows): the same logits.
+    native.allocate(6, 64)
+    holey = torch.tensor([4, 1, 2])
+    native.forward(ids, holey, logits_at=lengths - 1)
+    native.truncate(holey, lengths)
+    native.truncate(torch.tensor([3]), torch.tensor([0]))  # an empty slot inside the range
+    assert (native.forward(nxt, holey) - step).abs().max().item() < 1e-5
+
 
 def test_bfloat16_runs_close_to_float32(tmp_path):
     cls, config = CASES["llama-gqa"]

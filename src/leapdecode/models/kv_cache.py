@@ -62,14 +62,16 @@ class KVCache:
                 self.v[layer][rows, :, dst] = self.v[layer][rows, :, src]
         self.lens[slots] = base + n
 
-    def read(self, layer: int, slots: torch.Tensor, span: int, contiguous_from: int | None):
+    def read(self, layer: int, slots: torch.Tensor | None, span: int,
+             contiguous_from: int | None, n: int | None = None):  # fmt: skip
         """Keys and values of the first `span` positions: two [B, H_kv, span, D] tensors.
 
-        `contiguous_from` is set when `slots` is range(s, s + B): then the result is a view.
+        `contiguous_from` is set when `slots` is range(s, s + B) (or, with `n`, to read the
+        n slots from s on whatever the batch holds): then the result is a view.
         """
         k, v = self.k[layer], self.v[layer]
         if contiguous_from is not None:
             s = contiguous_from
-            n = slots.shape[0]
+            n = slots.shape[0] if n is None else n
             return k[s : s + n, :, :span], v[s : s + n, :, :span]
         return k[slots, :, :span], v[slots, :, :span]
