@@ -26,6 +26,23 @@ def _ks(text: str, flag: str) -> list[int]:
     return ks
 
 
+def _factors(text: str) -> list[float]:
+    """'1,4' -> [1.0, 4.0]: suffix's draft caps, each checked as SpecConfig checks it."""
+    from ..config import SpecConfig
+
+    try:
+        out = sorted({float(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise LeapDecodeError(
+            "--suffix-spec-factor takes comma-separated numbers, e.g. 1,4"
+        ) from None
+    if not out:
+        raise LeapDecodeError("--suffix-spec-factor: give at least one factor, e.g. 1")
+    for f in out:
+        SpecConfig(method="suffix", suffix_decoding_max_spec_factor=f)
+    return out
+
+
 def _wngs(text: str) -> list[tuple[int, int, int]]:
     """'3x3x3,4x3x2' -> [(3, 3, 3), (4, 3, 2)], each checked as SpecConfig checks it."""
     from ..config import SpecConfig
@@ -72,6 +89,9 @@ def add_parsers(sub, model_args) -> None:
     run.add_argument("--draft-k", default="2,3,4,6")
     run.add_argument("--ngram-k", default="4,8,16")
     run.add_argument("--suffix-k", default="8,16", help="k for suffix (path mode)")
+    run.add_argument("--suffix-spec-factor", default="1", metavar="F,...",
+                     help="suffix's draft caps tried at each k: at most F x the match length "
+                     "(suffix_decoding_max_spec_factor; default 1, as vLLM)")  # fmt: skip
     run.add_argument("--tree-k", default="16",
                      help="node budgets for the tree modes (ngram-tree, suffix-tree)")  # fmt: skip
     run.add_argument("--lookahead", default="2x3x2,3x3x3,4x3x2,3x4x3", metavar="WxNxG,...",
@@ -149,6 +169,7 @@ def cmd_run(args) -> int:
     draft_ks, ngram_ks = _ks(args.draft_k, "--draft-k"), _ks(args.ngram_k, "--ngram-k")
     suffix_ks, tree_ks = _ks(args.suffix_k, "--suffix-k"), _ks(args.tree_k, "--tree-k")
     lookaheads = _wngs(args.lookahead)
+    factors = _factors(args.suffix_spec_factor)
     medusa_ks, eagle_ks = _ks(args.medusa_k, "--medusa-k"), _ks(args.eagle_k, "--eagle-k")
     eagle_depths = _ks(args.eagle_depth, "--eagle-depth")
     if max(eagle_depths) > 16:
@@ -162,6 +183,7 @@ def cmd_run(args) -> int:
         per_cat, repeats, cap = 2, 1, 32
         draft_ks, ngram_ks = draft_ks[len(draft_ks) // 2 : len(draft_ks) // 2 + 1], ngram_ks[:1]
         suffix_ks, tree_ks, lookaheads = suffix_ks[:1], tree_ks[:1], lookaheads[:1]
+        factors = factors[:1]
         medusa_ks, eagle_ks, eagle_depths = medusa_ks[:1], eagle_ks[:1], eagle_depths[:1]
         peer_ks = {"draft": draft_ks, "ngram": ngram_ks}
     sets = workloads.load(args.prompts, cats)
@@ -179,7 +201,8 @@ def cmd_run(args) -> int:
     methods = runner.method_list(draft_ks, ngram_ks, peer_ks, draft is not None, peers is not None,
                                  tree_ks, suffix_ks, lookaheads,
                                  medusa_ks if "medusa" in heads else (),
-                                 eagle_ks if "eagle" in heads else (), eagle_depths)  # fmt: skip
+                                 eagle_ks if "eagle" in heads else (), eagle_depths,
+                                 factors)  # fmt: skip
     if args.methods:
         keep = {m.strip() for m in args.methods.split(",") if m.strip()}
         unknown = keep - {*runner.OURS, *runner.PEERS}

@@ -130,13 +130,11 @@ def markdown(cells: list[dict], meta: dict) -> str:
                 "–"
                 if b is None
                 else f"{b['tokens_per_s']:.0f} tok/s, {_f(b['speedup_vs_none'])}x"
-                + (
+                + (  # the setting: its label less the method's name (k=16, W3 N4 G3, ...)
                     ""
                     if b["name"] in ("none", "hf-generate")
-                    else f" ({b['method'].removeprefix('lookahead ')})"
-                    if b["name"] == "lookahead"
-                    else f" (k={b['k']})"
-                )  # fmt: skip
+                    else f" ({b['method'].removeprefix(b['name'] + ' ')})"
+                )
             )
         lines.append(f"| {name} | " + " | ".join(row) + " |")
     looks = list(dict.fromkeys(c["method"] for c in cells if c["name"] == "lookahead"))
