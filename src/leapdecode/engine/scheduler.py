@@ -119,6 +119,8 @@ class Scheduler:
         self.k_counts: dict[int, int] = {}  # histogram of chosen k (for metrics)
         self.catch_up = 0  # tokens the draft model feeds before this step's drafts
         self.draft_share = DRAFT_SHARE_PRIOR  # of fed auto rows' steps, those with draft
+        # seq id -> (its length when planned, {free method: the chain it offered})
+        self.shadow: dict[int, tuple[int, dict[str, list[int]]]] = {}
 
     # --------------------------------------------------------------- lifecycle
     def ensure_cost_model(self) -> CostModel:
@@ -131,6 +133,7 @@ class Scheduler:
 
     def forget(self, seqs: list[Sequence]) -> None:
         for s in seqs:
+            self.shadow.pop(s.id, None)
             for m in PRIOR:
                 self.estimates.pop((s.id, m), None)
 
@@ -154,6 +157,7 @@ class Scheduler:
                 self._estimate(seqs[i], method).update(spans[i], n_accepted[i])
                 self.global_rate[method].update(spans[i], n_accepted[i], GLOBAL_EMA)
             self.k_counts[counts[i]] = self.k_counts.get(counts[i], 0) + 1
+            self._shadow_outcomes(seqs[i], method if spans[i] else None)
         if self.cost is not None:
             steps = max((counts[i] for i in draft_rows), default=0)
             self.cost.observe(len(seqs), rows, verify_s, steps, len(draft_rows),
@@ -161,6 +165,26 @@ class Scheduler:
                               context=_longest(seqs))  # fmt: skip
             self.cost.observe_step({m: t for m, t in propose_s.items() if m != "draft"},
                                    overhead_s)  # fmt: skip
+
+    def _shadow_outcomes(self, seq: Sequence, verified: str | None) -> None:
+        """Score the chains the free methods offered `seq` and did not draft this step
+        against the tokens it emitted (the target's own, greedy or sampled: a deterministic
+        draft token is accepted exactly when it equals them). Without this, a few misses
+        drove a request's estimate so low that auto stopped drafting it, and a method never
+        tried again was never found to match again (at one sequence, auto drafted on 70%
+        of steps where fixed n-gram drafted on every one)."""
+        planned = self.shadow.pop(seq.id, None)
+        if planned is None:
+            return
+        length, chains = planned
+        emitted = seq.tokens[length:]
+        for method, chain in chains.items():
+            if method == verified or not chain or not emitted:
+                continue
+            n = min(len(chain), len(emitted))  # positions the emitted tokens decide
+            hits = next((j for j in range(n) if chain[j] != emitted[j]), n)
+            self._estimate(seq, method).update(n, hits)
+            self.global_rate[method].update(n, hits, GLOBAL_EMA)
 
     # -------------------------------------------------------------------- plan
     def plan(self, seqs: list[Sequence]) -> list[tuple[str, int]]:
@@ -208,8 +232,10 @@ class Scheduler:
         allowed = seq.spec.auto_methods
         ngram = self.engine.proposers["ngram"]
         free = min(MAX_K, max(FREE_FACTOR * k, FREE_MIN), limit)
-        avail = len(ngram.lookup(seq, free)) if "ngram" in allowed else 0
+        chain = ngram.lookup(seq, free) if "ngram" in allowed else []
+        avail = len(chain)
         est = self._estimate(seq, "ngram")
+        chains = {"ngram": chain}  # scored after the step if not drafted (_shadow_outcomes)
         if avail:
             opts.append(("ngram", avail, est, None))
         suffix, est_s = self.engine.proposers["suffix"], self._estimate(seq, "suffix")
@@ -217,7 +243,11 @@ class Scheduler:
         # makes the suffix trie walk pointless this step (it costs about a millisecond)
         dominated = free and avail == free and est.gains(free)[-1] >= est_s.gains(free)[-1]
         skip = dominated or "suffix" not in allowed
-        avail = 0 if skip else len(suffix.speculate(seq, free)[0])
+        tokens, parents, _ = ([], [], 0.0) if skip else suffix.speculate(seq, free)
+        avail = len(tokens)
+        if parents == list(range(avail)):  # a chain (tree drafts are not scored)
+            chains["suffix"] = tokens
+        self.shadow[seq.id] = (len(seq.tokens), chains)
         if avail:
             opts.append(("suffix", avail, est_s, None))
         # A seeded sampled request keeps to deterministic drafts: verified by the target's own
