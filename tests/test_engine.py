@@ -156,27 +156,6 @@ def test_cost_model_prices_the_batchs_longest_prefix():
         CostModel((1, 8), (1, 2, 4), (short, long), (0.001, 0.002))  # one context named
 
 
-def test_cost_model_learns_the_tables_shape_from_measured_steps():
-    """A profiled cell that came out too dear (another process ran meanwhile) is corrected
-    by the steps measured around it, while the cells the steps confirm stay as they are."""
-    table = ((0.01, 0.012, 0.016), (0.02, 0.024, 0.064))  # [batch 1, 8] x [T 1, 2, 4]
-    cost = CostModel((1, 8), (1, 2, 4), table, (0.001, 0.002))
-    truth = {(8, 8): 0.020, (8, 32): 0.032, (1, 1): 0.010}  # (batch, rows) -> seconds
-    for _ in range(100):
-        for (b, rows), seconds in truth.items():
-            cost.observe(b, rows, seconds, 0, 0, 0.0)
-    for (b, rows), seconds in truth.items():
-        assert cost.verify_s(b, rows) == pytest.approx(seconds, rel=0.05)
-    curve = cost.verify_curve(8, 40)
-    assert curve == pytest.approx([cost.verify_s(8, r) for r in range(41)])
-    # everything slower (a busy machine) moves the whole table, unobserved cells included
-    before = cost.verify_s(1, 4)
-    for _ in range(100):
-        for (b, rows), seconds in truth.items():
-            cost.observe(b, rows, 2 * seconds, 0, 0, 0.0)
-    assert cost.verify_s(1, 4) == pytest.approx(2 * before, rel=0.1)
-
-
 def test_draft_catch_up_of_a_newcomer_beside_a_long_sequence(decoder):
     """A newcomer's whole prompt fed to the draft beside a sequence near the end of its
     context: one right-padded forward would run the long one past the cache (found in `bench

@@ -15,12 +15,8 @@ and interpolated (linearly in B and L, extrapolated linearly past the last grid 
     catch_up_s(n)   = n * per-token cost   (the draft feeding n tokens it has not seen: a
                                             prompt, or what other methods accepted)
 
-and kept honest afterwards: every step's measured forward time nudges two correction
-factors (exponential moving averages of measured / predicted): one for the whole table (the
-machine got busier or quieter) and one per (B, T) grid cell, spread over the cells around
-the step's (B, R / B) by their interpolation weights (the table's shape: one profiled cell
-disturbed by another process, and smoothed upward into every larger cell, made auto price
-long drafts at 8 sequences 25% too dear). Two more figures are learnt from
+and kept honest afterwards: every step's measured forward time nudges a correction factor
+(exponential moving average of measured / predicted). Two more figures are learnt from
 measured steps only (moving averages): what one proposal of each draftless or head method
 costs (`propose_s`: the n-gram lookup, the suffix trie walk, a Medusa or EAGLE tree), and
 the step's fixed overhead outside the forwards and proposals (`overhead_s`: planning,
@@ -80,8 +76,6 @@ class CostModel:
         self.verify = verify  # [len(contexts), len(batches), len(news)]
         self.draft = np.asarray(draft, dtype=float)  # [len(batches)]
         self.verify_scale = 1.0
-        self.cell_scale = np.ones((len(self.batches), len(self.news)))  # [B grid, T grid]
-        self.cell_seen = np.zeros_like(self.cell_scale)  # observed weight per cell
         self.draft_scale = 1.0
         self.draft_token_s = 0.0  # the draft's prefill cost per token (catching up)
         self.propose: dict[str, float] = {}  # method -> seconds of one proposal (measured)
@@ -139,22 +133,6 @@ class CostModel:
         w = (batch - b[i]) / (b[i + 1] - b[i])
         return values[i] * (1 - w) + values[i + 1] * w
 
-    def _batch_weights(self, batch: float) -> list[tuple[int, float]]:
-        """(grid index, weight) pairs that interpolate at `batch`, clamped to the grid."""
-        b = self.batches
-        if batch <= b[0] or len(b) == 1:
-            return [(0, 1.0)]
-        if batch >= b[-1]:
-            return [(len(b) - 1, 1.0)]
-        i = int(np.searchsorted(b, batch, side="right")) - 1
-        w = (batch - b[i]) / (b[i + 1] - b[i])
-        return [(i, 1 - w), (i + 1, w)]
-
-    def _cells(self, batch: float, per_seq: np.ndarray | float) -> np.ndarray | float:
-        """The grid cells' correction at (batch, per_seq), interpolated, clamped to the grid."""
-        by_new = sum(w * self.cell_scale[i] for i, w in self._batch_weights(batch))  # [T grid]
-        return np.interp(per_seq, self.news, by_new)
-
     def _by_new(self, batch: int, context: float | None) -> np.ndarray:
         """[len(news)] seconds of `batch` sequences x each grid T over `context` cached
         tokens (None: the shortest profiled), linear in the context between the profiled
@@ -178,7 +156,7 @@ class CostModel:
             t = by_new[-1] + slope * (per_seq - n[-1])
         else:
             t = float(np.interp(per_seq, n, by_new))
-        return self.verify_scale * float(t) * float(self._cells(batch, per_seq))
+        return self.verify_scale * float(t)
 
     def verify_curve(self, batch: int, max_rows: int, context: float | None = None) -> np.ndarray:
         """[max_rows + 1] verify_s(batch, R, context) for R = 0 .. max_rows, in one pass."""
@@ -188,7 +166,7 @@ class CostModel:
         slope = (by_new[-1] - by_new[-2]) / (n[-1] - n[-2])
         t = np.where(per_seq >= n[-1], by_new[-1] + slope * (per_seq - n[-1]),
                      np.interp(per_seq, n, by_new))  # fmt: skip
-        return self.verify_scale * t * self._cells(batch, per_seq)
+        return self.verify_scale * t
 
     def catch_up_s(self, tokens: int | np.ndarray) -> float | np.ndarray:
         """The draft model feeding `tokens` tokens it has not seen yet."""
@@ -204,32 +182,10 @@ class CostModel:
                 context: float | None = None) -> None:  # fmt: skip
         """Fold one measured step into the correction factors (catch_up: tokens the draft
         model fed before drafting; context: the batch's longest sequence)."""
-        per_seq = max(1.0, rows / max(1, batch))
-        cells = float(self._cells(batch, per_seq))
-        base = self.verify_s(batch, rows, context) / (self.verify_scale * cells)
-        if base > 0 and verify_s > 0:
-            ratio = min(4.0, max(0.25, verify_s / (base * cells)))  # the whole table's
+        predicted = self.verify_s(batch, rows, context) / self.verify_scale
+        if predicted > 0 and verify_s > 0:
+            ratio = min(4.0, max(0.25, verify_s / predicted))
             self.verify_scale += rate * (ratio - self.verify_scale)
-            # the cells around this step, each by its interpolation weight
-            ratio = min(4.0, max(0.25, verify_s / (base * self.verify_scale)))
-            n = self.news
-            j = min(max(int(np.searchsorted(n, per_seq, side="right")) - 1, 0), len(n) - 1)
-            if j == len(n) - 1 or per_seq <= n[0]:
-                news = [(j, 1.0)]
-            else:
-                w = (per_seq - n[j]) / (n[j + 1] - n[j])
-                news = [(j, 1 - w), (j + 1, w)]
-            for i, wb in self._batch_weights(batch):
-                for jj, wn in news:
-                    cell = self.cell_scale[i, jj]
-                    self.cell_scale[i, jj] = cell + rate * wb * wn * (ratio - cell)
-                    self.cell_seen[i, jj] += wb * wn
-            # what the observed cells share belongs to the whole table: unobserved cells (at
-            # 1) then follow it, and the cells keep only the shape
-            seen = self.cell_seen > 0
-            mean = float(np.average(self.cell_scale[seen], weights=self.cell_seen[seen]))
-            self.cell_scale[seen] /= mean
-            self.verify_scale *= mean
         if draft_steps and draft_batch:
             predicted = draft_steps * self.draft_s(draft_batch) / self.draft_scale
             predicted += self.draft_token_s * catch_up
@@ -256,7 +212,6 @@ class CostModel:
         return {"batches": self.batches.tolist(), "new_tokens": self.news.tolist(),
                 "contexts": self.contexts.tolist(),
                 "verify_s": self.verify.tolist(), "draft_s": self.draft.tolist(),
-                "verify_scale": self.verify_scale, "cell_scale": self.cell_scale.tolist(),
-                "draft_scale": self.draft_scale,
+                "verify_scale": self.verify_scale, "draft_scale": self.draft_scale,
                 "draft_token_s": self.draft_token_s,
                 "propose_s": dict(self.propose), "overhead_s": self.overhead_s}  # fmt: skip
