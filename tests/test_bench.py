@@ -120,12 +120,30 @@ def test_quick_bench_writes_table_json_and_plots(tmp_path, tiny):
         (["--lookahead", "3x3"], "WxNxG triples"),
         (["--lookahead", "3x2x3"], "n-gram size 3..16"),
         (["--prompts", "/nonexistent"], "leapdecode bench prompts"),
+        (["--suffix-spec-factor", "1,x"], "comma-separated numbers"),
+        (["--suffix-spec-factor", "-1"], "suffix_decoding_max_spec_factor must be in"),
     ],
 )
 def test_bench_bad_input_is_one_line(capsys, tmp_path, argv, needle):
     code = main(["bench", "run", "--out", str(tmp_path), *argv])
     err = capsys.readouterr().err
     assert code == 2 and needle in err and "Traceback" not in err
+
+
+def test_suffix_draft_caps_are_settings_of_their_own():
+    """--suffix-spec-factor 1,4: each suffix k at each cap; the default cap keeps the plain
+    label, and a cap reaches the engine as suffix_decoding_max_spec_factor."""
+    from leapdecode.bench.runner import method_list
+
+    methods = method_list([], [16], {"draft": [], "ngram": []}, False, False, tree_ks=[16],
+                          suffix_ks=[16], suffix_factors=(1.0, 4.0))  # fmt: skip
+    labels = [m.label for m in methods]
+    assert labels == ["none", "ngram k=16", "ngram-tree k=16", "suffix k=16", "suffix k=16 f4",
+                      "suffix-tree k=16", "suffix-tree k=16 f4"]  # fmt: skip
+    capped = methods[4]
+    assert capped.method == "suffix"
+    assert capped.options == {"suffix_decoding_max_spec_factor": 4.0}
+    assert methods[6].options == {"suffix_decoding_max_spec_factor": 4.0, "use_tree_spec": True}
 
 
 def test_assisted_generation_peer_uses_our_k(target_dir, draft_dir, hf_target):
