@@ -104,6 +104,24 @@ def test_auto_speculates_when_rows_are_cheap_and_not_when_dear(decoder, prompts)
     assert all(k == 0 for _, k in _plan(decoder, prompts, dear))
 
 
+def test_auto_scores_the_free_chains_it_did_not_draft(decoder):
+    """The chains n-gram and suffix offered an auto request, and auto did not verify, are
+    scored against the tokens the step emitted: hits up to the first miss, the positions
+    past the emitted tokens untried."""
+    seq = decoder.request([1, 2, 3, 4], method="auto", max_new_tokens=8)
+    sched = decoder.engine.scheduler
+    before = sched.global_rate["ngram"].prior().rates.copy()  # the request's starting estimate
+    sched.shadow[seq.id] = (len(seq.tokens), {"ngram": [5, 6, 7, 8], "suffix": [5, 6]})
+    seq.append([5, 6, 9])  # the step emitted three tokens
+    sched._shadow_outcomes(seq, "suffix")  # suffix was drafted: its real outcome counts
+    ngram = sched.estimates[(seq.id, "ngram")]
+    assert ngram.seen[1:5].tolist() == [1, 1, 1, 0]  # 5, 6 hit, 7 missed, 8 untried
+    assert ngram.rates[1] > before[1] and ngram.rates[3] < before[3]
+    assert (seq.id, "suffix") not in sched.estimates
+    assert seq.id not in sched.shadow
+    sched.forget([seq])
+
+
 def test_draft_catch_up_is_charged_over_the_draft_steps_auto_takes(decoder, prompts):
     """auto learns how often it drafts with the draft model for rows the draft has fed:
     a prompt's catch-up is spread over that share of the steps a row has left."""

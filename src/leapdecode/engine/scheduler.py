@@ -170,9 +170,8 @@ class Scheduler:
         """Score the chains the free methods offered `seq` and did not draft this step
         against the tokens it emitted (the target's own, greedy or sampled: a deterministic
         draft token is accepted exactly when it equals them). Without this, a few misses
-        drove a request's estimate so low that auto stopped drafting it, and a method never
-        tried again was never found to match again (at one sequence, auto drafted on 70%
-        of steps where fixed n-gram drafted on every one)."""
+        could drive a request's estimate so low that auto stopped drafting with the method,
+        and a method never tried again was never found to match again."""
         planned = self.shadow.pop(seq.id, None)
         if planned is None:
             return
