@@ -1,0 +1,119 @@
+"""Engine-level load without HTTP: C closed-loop clients step the engine directly.
+
+Each client submits its next request (the bench prompts, all categories round robin, at
+most 64 new tokens) as soon as its last one finishes, as `leapdecode bench serve`'s clients
+do, but through `Engine.add_request` / `step` in one process, so the server's threads and
+the clients' CPU are out of the picture. Configurations are interleaved ABBA; per run it
+prints throughput, decode steps, time in planning and in prefill, and the methods the plan
+chose (with k > 0), then the median throughput per configuration.
+
+    python bench/closed_loop.py --concurrency 4 --requests 16 --rounds 3 \\
+        --configs suffix16,ngram8,auto,auto-no-draft
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import time
+
+from leapdecode import LeapDecoder
+from leapdecode.bench import workloads
+from leapdecode.bench.command import PROMPTS
+from leapdecode.config import SpecConfig
+from leapdecode.paths import resolve_models
+
+CONFIGS = {
+    "none": dict(method="none", num_speculative_tokens=0),
+    "ngram4": dict(method="ngram", num_speculative_tokens=4),
+    "ngram8": dict(method="ngram", num_speculative_tokens=8),
+    "suffix16": dict(method="suffix", num_speculative_tokens=16),
+    "auto": dict(method="auto", num_speculative_tokens=4),
+    "auto-no-draft": dict(
+        method="auto", num_speculative_tokens=4, auto_methods=("ngram", "suffix")
+    ),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=16, help="requests per run")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--configs", default="suffix16,ngram8,auto", help=",".join(CONFIGS))
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    labels = args.configs.split(",")
+    target, draft = resolve_models(None, None)
+    dec = LeapDecoder.from_pretrained(target, draft=draft, threads=args.threads,
+                                      suffix_decoding_max_cached_requests=0)  # fmt: skip
+    eng = dec.engine
+    sets = workloads.load(PROMPTS)
+    rows = [r for group in zip(*sets.values(), strict=False) for r in group]
+    steps: list[dict] = []
+    plan, decode, prefill = eng.scheduler.plan, eng._decode, eng._prefill
+
+    def timed_plan(seqs):
+        t = time.perf_counter()
+        out = plan(seqs)
+        steps[-1].update(plan_s=time.perf_counter() - t, plan=out)
+        return out
+
+    def timed_decode(seqs):
+        steps.append({})
+        return decode(seqs)
+
+    def timed_prefill(seqs):
+        t = time.perf_counter()
+        out = prefill(seqs)
+        steps.append({"prefill_s": time.perf_counter() - t})
+        return out
+
+    eng.scheduler.plan, eng._decode, eng._prefill = timed_plan, timed_decode, timed_prefill
+
+    def run(label: str, start: int) -> dict:
+        spec = SpecConfig(**CONFIGS[label])
+        todo, active = iter(range(args.requests)), []
+
+        def submit():
+            i = next(todo, None)
+            if i is not None:
+                r = rows[(start + i) % len(rows)]
+                s = dec.request(r["prompt"], spec=spec, max_new_tokens=min(64, r["max_new_tokens"]))
+                eng.add_request(s)
+                active.append(s)
+
+        steps.clear()
+        for _ in range(args.concurrency):
+            submit()
+        t0, tokens = time.perf_counter(), 0
+        while active:
+            eng.step()
+            for s in [s for s in active if s.finished]:
+                active.remove(s)
+                tokens += len(s.output)
+                submit()
+        wall = time.perf_counter() - t0
+        chosen = collections.Counter(m for s in steps for m, k in s.get("plan", []) if k)
+        return {"config": label, "tok_s": round(tokens / wall, 1), "wall_s": round(wall, 2),
+                "decode_steps": sum(1 for s in steps if "plan" in s),
+                "plan_s": round(sum(s.get("plan_s", 0) for s in steps), 3),
+                "prefill_s": round(sum(s.get("prefill_s", 0) for s in steps), 2),
+                "chosen": dict(chosen)}  # fmt: skip
+
+    for label in labels:  # warm-up
+        run(label, len(rows) // 2)
+    results = collections.defaultdict(list)
+    for r in range(args.rounds):
+        for label in labels if r % 2 == 0 else labels[::-1]:
+            out = run(label, r * args.requests)
+            results[label].append(out["tok_s"])
+            print(json.dumps(out), flush=True)
+    for label in labels:
+        print(f"{label}: median {statistics.median(results[label]):.1f} tokens/s")
+
+
+if __name__ == "__main__":
+    main()
