@@ -23,6 +23,7 @@ from leapdecode import LeapDecoder
 from leapdecode.bench import workloads
 from leapdecode.bench.command import PROMPTS
 from leapdecode.config import SpecConfig
+from leapdecode.engine import scheduler
 from leapdecode.paths import resolve_models
 
 CONFIGS = {
@@ -34,6 +35,8 @@ CONFIGS = {
     "auto-no-draft": dict(
         method="auto", num_speculative_tokens=4, auto_methods=("ngram", "suffix")
     ),
+    # auto with one acceptance estimate per method (no buckets by the kind of draft offered)
+    "auto-flat": dict(method="auto", num_speculative_tokens=4),
 }
 
 
@@ -53,6 +56,7 @@ def main() -> None:
     sets = workloads.load(PROMPTS)
     rows = [r for group in zip(*sets.values(), strict=False) for r in group]
     steps: list[dict] = []
+    bucket = scheduler._bucket
     plan, decode, prefill = eng.scheduler.plan, eng._decode, eng._prefill
 
     def timed_plan(seqs):
@@ -63,7 +67,12 @@ def main() -> None:
 
     def timed_decode(seqs):
         steps.append({})
-        return decode(seqs)
+        before = [len(s.tokens) for s in seqs]
+        t = time.perf_counter()
+        out = decode(seqs)
+        steps[-1].update(step_s=time.perf_counter() - t,
+                         emitted=[len(s.tokens) - n for s, n in zip(seqs, before, strict=True)])
+        return out
 
     def timed_prefill(seqs):
         t = time.perf_counter()
@@ -75,6 +84,8 @@ def main() -> None:
 
     def run(label: str, start: int) -> dict:
         spec = SpecConfig(**CONFIGS[label])
+        # auto-flat: every draft scored with, and learning into, one bucket of its own
+        scheduler._bucket = (lambda *a: 100) if label == "auto-flat" else bucket
         todo, active = iter(range(args.requests)), []
 
         def submit():
@@ -97,11 +108,17 @@ def main() -> None:
                 submit()
         wall = time.perf_counter() - t0
         chosen = collections.Counter(m for s in steps for m, k in s.get("plan", []) if k)
+        # tokens a row emitted on the steps its plan chose each method (k = 0: "none")
+        by = collections.defaultdict(list)
+        for s in steps:
+            for (m, k), n in zip(s.get("plan", []), s.get("emitted", []), strict=False):
+                by[m if k else "none"].append(n)
         return {"config": label, "tok_s": round(tokens / wall, 1), "wall_s": round(wall, 2),
                 "decode_steps": sum(1 for s in steps if "plan" in s),
                 "plan_s": round(sum(s.get("plan_s", 0) for s in steps), 3),
                 "prefill_s": round(sum(s.get("prefill_s", 0) for s in steps), 2),
-                "chosen": dict(chosen)}  # fmt: skip
+                "chosen": dict(chosen),
+                "tok_per_row_step": {m: round(statistics.mean(v), 2) for m, v in by.items()}}  # fmt: skip
 
     for label in labels:  # warm-up
         run(label, len(rows) // 2)

@@ -110,14 +110,15 @@ def test_auto_scores_the_free_chains_it_did_not_draft(decoder):
     past the emitted tokens untried."""
     seq = decoder.request([1, 2, 3, 4], method="auto", max_new_tokens=8)
     sched = decoder.engine.scheduler
-    before = sched.global_rate["ngram"].prior().rates.copy()  # the request's starting estimate
-    sched.shadow[seq.id] = (len(seq.tokens), {"ngram": [5, 6, 7, 8], "suffix": [5, 6]})
+    before = sched._global("ngram", 3).prior().rates.copy()  # the request's starting estimate
+    chains = {"ngram": ([5, 6, 7, 8], 3), "suffix": ([5, 6], 2)}  # (chain, bucket)
+    sched.shadow[seq.id] = (len(seq.tokens), chains)
     seq.append([5, 6, 9])  # the step emitted three tokens
     sched._shadow_outcomes(seq, "suffix")  # suffix was drafted: its real outcome counts
-    ngram = sched.estimates[(seq.id, "ngram")]
+    ngram = sched.estimates[(seq.id, "ngram", 3)]
     assert ngram.seen[1:5].tolist() == [1, 1, 1, 0]  # 5, 6 hit, 7 missed, 8 untried
     assert ngram.rates[1] > before[1] and ngram.rates[3] < before[3]
-    assert (seq.id, "suffix") not in sched.estimates
+    assert not any(key[:2] == (seq.id, "suffix") for key in sched.estimates)
     assert seq.id not in sched.shadow
     sched.forget([seq])
 
@@ -261,3 +262,25 @@ def test_a_new_request_takes_the_deepest_evidence_for_depths_not_drafted_yet():
     new = glob.prior()
     assert new.rates[3] == pytest.approx(new.rates[2]) and new.rates[3] != 0.6
     assert new.rates[1] == pytest.approx(glob.rates[1])
+
+
+def test_auto_keeps_short_and_long_matches_apart(decoder):
+    """auto's estimates are kept by the kind of draft on offer (scheduler._bucket): misses of
+    the one-token suffix drafts it is offered where n-grams find nothing do not lower what
+    it expects of a 16-token suffix match, nor the other way round."""
+    from leapdecode.engine.scheduler import PRIOR, _bucket
+
+    assert [_bucket("suffix", n) for n in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 3, 3, 4, 4, 5, 5]
+    assert _bucket("ngram", 3) == 3 and _bucket("draft", 0, 1) == 1
+    seq = decoder.request([1, 2, 3, 4], method="auto", max_new_tokens=8)
+    sched = decoder.engine.scheduler
+    long_before = sched._global("suffix", 5).rates.copy()
+    for _ in range(5):
+        sched.shadow[seq.id] = (len(seq.tokens), {"suffix": ([7], 1)})
+        seq.append([9])
+        sched._shadow_outcomes(seq, None)
+    assert sched.estimates[(seq.id, "suffix", 1)].rates[1] < PRIOR["suffix"] / 2
+    assert (sched._global("suffix", 5).rates == long_before).all()
+    assert (seq.id, "suffix", 5) not in sched.estimates
+    sched.forget([seq])
+    assert not any(key[0] == seq.id for key in sched.estimates)

@@ -371,3 +371,20 @@ def test_client_watch_notices_a_gone_client_while_events_keep_coming():
         return got
 
     assert asyncio.run(run()) > 5
+
+
+def test_bench_serve_ratios_pair_the_rounds():
+    """auto / best fixed and x none are medians of per-round ratios: a round whose prompts
+    are slow for everyone does not move them."""
+    from leapdecode.bench.serve import Config, summarize
+
+    runs = {"none": [100, 200, 50], "ngram k=8": [200, 400, 100], "auto": [190, 380, 95]}
+    cells = {(label, 1): [{"throughput": t, "ttft": [0.1], "itl": [0.01], "errors": [],
+                           "mean_accepted_tokens": 1.0} for t in ts]
+             for label, ts in runs.items()}  # fmt: skip
+    cfgs = [Config(label, {}) for label in runs]
+    out = {r["config"]: r for r in summarize(cells, cfgs, [1])}
+    assert out["auto"]["best_fixed"] == "ngram k=8"
+    assert out["auto"]["vs_best_fixed"] == pytest.approx(0.95)
+    assert out["auto"]["vs_best_fixed_rounds"] == [0.95, 0.95, 0.95]
+    assert out["ngram k=8"]["vs_none"] == pytest.approx(2.0)

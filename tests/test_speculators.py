@@ -215,8 +215,8 @@ def test_auto_may_pick_the_heads_and_stays_lossless(dec, prompts, reference, hf_
 
     monkeypatch.setattr(sched, "_eagle_s", lambda *a: 0.0)
     prior = {m: e.copy() for m, e in sched.global_rate.items()}
-    sched.global_rate.update(medusa=_Estimate.flat(0.0), eagle=_Estimate.flat(0.0))
-    sched.global_rate[head] = _Estimate.flat(0.99)
+    sched.global_rate.update({("medusa", 0): _Estimate.flat(0.0), ("eagle", 0): _Estimate.flat(0.0)})
+    sched.global_rate[(head, 0)] = _Estimate.flat(0.99)
 
     try:
         with helpers.planned_methods(sched) as used:
@@ -228,6 +228,7 @@ def test_auto_may_pick_the_heads_and_stays_lossless(dec, prompts, reference, hf_
                 auto_methods=("ngram", "suffix", "medusa", "eagle"),
             )
     finally:
+        sched.global_rate.clear()
         sched.global_rate.update(prior)
     assert_lossless(prompts, [r.token_ids for r in results], reference, hf_target)
     assert head in used, set(used)

@@ -312,17 +312,27 @@ def summarize(cells, cfgs, levels) -> list[dict]:
                 "errors": sum(len(r["errors"]) for r in runs),
                 "error_examples": [e for r in runs for e in r["errors"]][:3],
             })  # fmt: skip
-    nan = float("nan")
     for row in out:
-        base = next((r for r in out
-                     if r["config"] == "none" and r["concurrency"] == row["concurrency"]), None)  # fmt: skip
-        row["vs_none"] = (
-            row["throughput"] / base["throughput"] if base and base["throughput"] else nan
-        )
-        fixed = [r["throughput"] for r in out if r["concurrency"] == row["concurrency"]
-                 and r["config"] != "auto"]  # fmt: skip
-        row["vs_best_fixed"] = row["throughput"] / max(fixed) if fixed and max(fixed) else nan
+        same = [r for r in out if r["concurrency"] == row["concurrency"]]
+        base = next((r for r in same if r["config"] == "none"), None)
+        row["vs_none"], row["vs_none_rounds"] = _paired(row, base)
+        fixed = [r for r in same if r["config"] != "auto"]
+        best = max(fixed, key=lambda r: r["throughput"], default=None)
+        row["best_fixed"] = best["config"] if best else None
+        row["vs_best_fixed"], row["vs_best_fixed_rounds"] = _paired(row, best)
     return out
+
+
+def _paired(row: dict, other: dict | None) -> tuple[float, list[float]]:
+    """row / other throughput: the median of the per-round ratios. A round's configurations
+    serve the same prompts minutes apart at most, so a ratio within a round is free of
+    which prompts the round drew (rounds draw different ones) and of most of the machine's
+    drift; a ratio of two medians is not."""
+    if other is None:
+        return float("nan"), []
+    ratios = [a / b for a, b in zip(row["throughput_rounds"], other["throughput_rounds"],
+                                    strict=False) if b]  # fmt: skip
+    return (statistics.median(ratios) if ratios else float("nan")), [round(x, 3) for x in ratios]
 
 
 def write(summary: list[dict], meta: dict, out_dir: str) -> None:
@@ -339,7 +349,10 @@ def write(summary: list[dict], meta: dict, out_dir: str) -> None:
         f"prompt sets ({meta['prompts']} prompts, all categories round robin); "
         f"{meta['requests_per_client']} requests per client thread; configurations interleaved, "
         f"in ABBA order (each odd round reverses the one before), after an untimed warm-up "
-        f"at each concurrency; median of {meta['rounds']} rounds. The server keeps no earlier "
+        f"at each concurrency; median of {meta['rounds']} rounds. Each round draws its own prompts, "
+        f"the same for every configuration; a ratio (x `none`, `auto` / best fixed) is the "
+        f"median of the per-round ratios, which pairs configurations that served the same "
+        f"prompts at nearly the same time. The server keeps no earlier "
         f"outputs for suffix decoding (the rounds repeat the prompts).",
         "",
         "## Throughput (completion tokens/s) and x `none` at the same concurrency",
@@ -352,18 +365,20 @@ def write(summary: list[dict], meta: dict, out_dir: str) -> None:
         lines.append(f"| {label} | " + " | ".join(
             "-" if r is None else f"{r['throughput']:.0f} ({r['vs_none']:.2f}x)" for r in cells) + " |")  # fmt: skip
     lines += ["", "## `auto` against the best fixed configuration at each concurrency", "",
-              "| concurrency | best fixed | its tokens/s | auto tokens/s | auto / best fixed | "
-              "auto / none | auto / static table |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+              "| concurrency | best fixed | its tokens/s | auto tokens/s | auto / best fixed "
+              "(rounds' range) | auto / none | auto / static table |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for c in levels:
         fixed = [r for r in summary if r["concurrency"] == c and r["config"] != "auto"]
         auto = get.get(("auto", c))
         if not fixed or auto is None:
             continue
-        best = max(fixed, key=lambda r: r["throughput"])
+        best = get[(auto["best_fixed"], c)]
         table = next((r for r in fixed if "static table" in r["config"]), None)
+        spread = auto["vs_best_fixed_rounds"] or [float("nan")]
         lines.append(f"| {c} | {best['config']} | {best['throughput']:.0f} | {auto['throughput']:.0f} "
-                     f"| {auto['vs_best_fixed']:.2f} | {auto['vs_none']:.2f} | "
-                     f"{auto['throughput'] / table['throughput'] if table and table['throughput'] else float('nan'):.2f} |")  # fmt: skip
+                     f"| {auto['vs_best_fixed']:.2f} ({min(spread):.2f}-{max(spread):.2f}) "
+                     f"| {auto['vs_none']:.2f} | {_paired(auto, table)[0]:.2f} |")  # fmt: skip
     lines += ["", "## Latency (seconds): time to first token p50 / p90, inter-token p50 / p90", "",
               "| configuration | C | TTFT p50 | TTFT p90 | ITL p50 | ITL p90 | tokens/forward | errors |",
               "|---|---|---|---|---|---|---|---|"]  # fmt: skip

@@ -12,7 +12,9 @@ sequence, L), where E_i(k) = 1 + r_1 + r_1 r_2 + ... + r_1 ... r_k is the expect
 sequence i emits with k drafts, r_j being its running estimate, for that method, of the
 chance that draft position j is accepted once positions 1..j-1 were (estimates by draft
 position: a copied span that matched four tokens tends to match the fifth, which one
-flat rate per request would miss), and the costs come from `CostModel` (profiled on this
+flat rate per request would miss; and by the kind of draft on offer, `_bucket`: auto drafts
+with suffix exactly where n-grams found nothing, so a suffix estimate averaged over long and
+short matches would overrate the short ones it is offered then), and the costs come from `CostModel` (profiled on this
 machine, then refreshed from measured steps: the forwards, each method's proposal, and the
 step's fixed overhead, which a longer draft spreads over more tokens); `_auto` says how the
 plan is found. Trained heads (medusa, eagle), when loaded, are options too: a tree of a
@@ -54,6 +56,20 @@ PSEUDO = 20  # outcomes at a draft position before its own rate outweighs the on
 # is picked on few steps, and a 2000-token prompt fed for two draft steps cost more than it
 # brought).
 DRAFT_SHARE_PRIOR, DRAFT_SHARE_EMA = 0.5, 0.02
+
+
+def _bucket(method: str, offered: int, context: int = 0) -> int:
+    """Which of a method's estimates a draft is scored with (and learns into). ngram: the
+    size of the n-gram it matched (offered); suffix: its length, 1, 2, 3-4, 5-8, 9+ (the
+    match length caps it); draft: whether a free chain was on offer too (context: 1 or 0),
+    as where n-grams copy the text the draft model tends to copy it too; the heads: one."""
+    if method == "ngram":
+        return offered
+    if method == "suffix":
+        return min(offered, 2) if offered <= 2 else 3 if offered <= 4 else 4 if offered <= 8 else 5
+    if method == "draft":
+        return context
+    return 0
 
 
 def _longest(seqs: list[Sequence]) -> int:
@@ -113,14 +129,17 @@ class Scheduler:
     def __init__(self, engine) -> None:
         self.engine = engine
         self.cost: CostModel | None = None
-        self.estimates: dict[tuple[int, str], _Estimate] = {}
-        # across requests: the prior of a new request, by method
-        self.global_rate = {m: _Estimate.flat(r) for m, r in PRIOR.items()}
+        # (seq id, method, bucket) -> that request's estimate; see _bucket
+        self.estimates: dict[tuple[int, str, int], _Estimate] = {}
+        # across requests: the prior of a new request, by (method, bucket)
+        self.global_rate: dict[tuple[str, int], _Estimate] = {}
+        # seq id -> {method: the bucket of the draft it was offered at its last plan}
+        self.buckets: dict[int, dict[str, int]] = {}
         self.k_counts: dict[int, int] = {}  # histogram of chosen k (for metrics)
         self.catch_up = 0  # tokens the draft model feeds before this step's drafts
         self.draft_share = DRAFT_SHARE_PRIOR  # of fed auto rows' steps, those with draft
-        # seq id -> (its length when planned, {free method: the chain it offered})
-        self.shadow: dict[int, tuple[int, dict[str, list[int]]]] = {}
+        # seq id -> (its length when planned, {free method: (the chain it offered, bucket)})
+        self.shadow: dict[int, tuple[int, dict[str, tuple[list[int], int]]]] = {}
 
     # --------------------------------------------------------------- lifecycle
     def ensure_cost_model(self) -> CostModel:
@@ -132,15 +151,32 @@ class Scheduler:
         return self.cost
 
     def forget(self, seqs: list[Sequence]) -> None:
-        for s in seqs:
-            self.shadow.pop(s.id, None)
-            for m in PRIOR:
-                self.estimates.pop((s.id, m), None)
+        ids = {s.id for s in seqs}
+        for i in ids:
+            self.shadow.pop(i, None)
+            self.buckets.pop(i, None)
+        for key in [key for key in self.estimates if key[0] in ids]:
+            del self.estimates[key]
 
-    def _estimate(self, seq: Sequence, method: str) -> _Estimate:
-        key = (seq.id, method)
+    def _global(self, method: str, bucket: int) -> _Estimate:
+        key = (method, bucket)
+        if key not in self.global_rate:
+            self.global_rate[key] = _Estimate.flat(PRIOR[method])
+        return self.global_rate[key]
+
+    def _bucket_of(self, seq: Sequence, method: str) -> int:
+        """The bucket of the draft `method` was offered at seq's last plan; -1 for the rows
+        of fixed methods, which auto does not plan (they keep apart from auto's estimates)."""
+        planned = self.buckets.get(seq.id)
+        return -1 if planned is None else planned.get(method, 0)
+
+    def _estimate(self, seq: Sequence, method: str, bucket: int | None = None) -> _Estimate:
+        """seq's estimate for `method` in `bucket` (default: the one of its last plan)."""
+        if bucket is None:
+            bucket = self._bucket_of(seq, method)
+        key = (seq.id, method, bucket)
         if key not in self.estimates:
-            self.estimates[key] = self.global_rate[method].prior()
+            self.estimates[key] = self._global(method, bucket).prior()
         return self.estimates[key]
 
     def observe(self, seqs, plan, counts, n_accepted, propose_s: dict[str, float],
@@ -154,8 +190,9 @@ class Scheduler:
         draft_rows = [i for i, (m, _) in enumerate(plan) if m == "draft" and counts[i]]
         for i, (method, _) in enumerate(plan):
             if spans[i] and method in PRIOR:
-                self._estimate(seqs[i], method).update(spans[i], n_accepted[i])
-                self.global_rate[method].update(spans[i], n_accepted[i], GLOBAL_EMA)
+                bucket = self._bucket_of(seqs[i], method)
+                self._estimate(seqs[i], method, bucket).update(spans[i], n_accepted[i])
+                self._global(method, bucket).update(spans[i], n_accepted[i], GLOBAL_EMA)
             self.k_counts[counts[i]] = self.k_counts.get(counts[i], 0) + 1
             self._shadow_outcomes(seqs[i], method if spans[i] else None)
         if self.cost is not None:
@@ -177,13 +214,13 @@ class Scheduler:
             return
         length, chains = planned
         emitted = seq.tokens[length:]
-        for method, chain in chains.items():
+        for method, (chain, bucket) in chains.items():
             if method == verified or not chain or not emitted:
                 continue
             n = min(len(chain), len(emitted))  # positions the emitted tokens decide
             hits = next((j for j in range(n) if chain[j] != emitted[j]), n)
-            self._estimate(seq, method).update(n, hits)
-            self.global_rate[method].update(n, hits, GLOBAL_EMA)
+            self._estimate(seq, method, bucket).update(n, hits)
+            self._global(method, bucket).update(n, hits, GLOBAL_EMA)
 
     # -------------------------------------------------------------------- plan
     def plan(self, seqs: list[Sequence]) -> list[tuple[str, int]]:
@@ -231,24 +268,30 @@ class Scheduler:
         allowed = seq.spec.auto_methods
         ngram = self.engine.proposers["ngram"]
         free = min(MAX_K, max(FREE_FACTOR * k, FREE_MIN), limit)
-        chain = ngram.lookup(seq, free) if "ngram" in allowed else []
+        chain, n = ngram.match(seq, free) if "ngram" in allowed else ([], 0)
         avail = len(chain)
-        est = self._estimate(seq, "ngram")
-        chains = {"ngram": chain}  # scored after the step if not drafted (_shadow_outcomes)
+        buckets = {"ngram": _bucket("ngram", n)}
+        est = self._estimate(seq, "ngram", buckets["ngram"])
+        # scored after the step if not drafted (_shadow_outcomes)
+        chains = {"ngram": (chain, buckets["ngram"])}
         if avail:
             opts.append(("ngram", avail, est, None))
-        suffix, est_s = self.engine.proposers["suffix"], self._estimate(seq, "suffix")
+        suffix = self.engine.proposers["suffix"]
         # a full-length n-gram draft that is worth at least the best suffix draft could be
         # makes the suffix trie walk pointless this step (it costs about a millisecond)
-        dominated = free and avail == free and est.gains(free)[-1] >= est_s.gains(free)[-1]
+        longest = self._estimate(seq, "suffix", _bucket("suffix", free)) if free else est
+        dominated = free and avail == free and est.gains(free)[-1] >= longest.gains(free)[-1]
         skip = dominated or "suffix" not in allowed
         tokens, parents, _ = ([], [], 0.0) if skip else suffix.speculate(seq, free)
         avail = len(tokens)
+        buckets["suffix"] = _bucket("suffix", avail)
         if parents == list(range(avail)):  # a chain (tree drafts are not scored)
-            chains["suffix"] = tokens
+            chains["suffix"] = (tokens, buckets["suffix"])
         self.shadow[seq.id] = (len(seq.tokens), chains)
         if avail:
-            opts.append(("suffix", avail, est_s, None))
+            opts.append(("suffix", avail, self._estimate(seq, "suffix", buckets["suffix"]), None))
+        buckets["draft"] = _bucket("draft", 0, int(bool(chain or tokens)))
+        self.buckets[seq.id] = buckets
         # A seeded sampled request keeps to deterministic drafts: verified by the target's own
         # per-position sample (verify.py), it then emits what plain sampling with its seed
         # emits, whatever auto chose step by step. Draft-model steps would change the tokens.

@@ -54,6 +54,10 @@ class NgramIndex:
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         """Up to k tokens that followed the longest matching suffix (see the module notes)."""
+        return self.match(tokens, k)[0]
+
+    def match(self, tokens: list[int], k: int) -> tuple[list[int], int]:
+        """`lookup`'s draft and the size of the n-gram it matched (0: none)."""
         length = len(tokens)
         for n in range(min(self.max_n, length), self.min_n - 1, -1):
             key = tuple(tokens[length - n :])
@@ -62,8 +66,8 @@ class NgramIndex:
                 first = self.first[n][key]
                 # latest leaves k tokens to copy, or there is no earlier occurrence
                 start = latest if length - latest >= k or first == latest else first
-                return tokens[start : start + k]
-        return []
+                return tokens[start : start + k], n
+        return [], 0
 
     def candidates(self, tokens: list[int], k: int) -> list[list[int]]:
         """Every distinct continuation (up to k tokens) of every matching suffix, the one
@@ -123,11 +127,15 @@ class NgramProposer(Proposer):
 
     def lookup(self, seq: Sequence, k: int) -> list[int]:
         """Up to k tokens to propose for `seq` now (empty when no n-gram matches)."""
+        return self.match(seq, k)[0]
+
+    def match(self, seq: Sequence, k: int) -> tuple[list[int], int]:
+        """`lookup`'s draft and the size of the n-gram it matched (0: none)."""
         if k <= 0:
-            return []
+            return [], 0
         index = self.index[seq.id]
         index.sync(seq.tokens)
-        return index.lookup(seq.tokens, k)
+        return index.match(seq.tokens, k)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Drafts:
         if not any(s.spec.use_tree_spec for s in seqs):
