@@ -56,6 +56,31 @@ def test_training_writes_cards_and_resumes(heads, target_dir):
     assert len(open(log).read().splitlines()) == before
 
 
+def test_eagle_training_continues_from_a_trained_head(heads, target_dir, tmp_path, capsys):
+    """`train eagle --init HEAD` starts from HEAD's weights and draft vocabulary: its first
+    losses are those of a trained head, not a new one's; a head of another kind is refused."""
+    medusa, eagle = heads
+    out = str(tmp_path / "eagle-more")
+    corpus = os.path.join(os.path.dirname(eagle), "corpus")
+    argv = ["train", "eagle", "--target", target_dir, "--out", out, "--run-dir", out + "-run",
+            "--data", corpus, "--val-percent", "20", "--steps", "4", "--batch", "4",
+            "--context", "64", "--eval-prompts", "0", "--threads", "1", "--ttt-steps", "3",
+            "--init", eagle]  # fmt: skip
+    threads = torch.get_num_threads()
+    try:
+        assert main(argv) == 0
+        capsys.readouterr()
+        assert main(argv[:-1] + [medusa]) == 2  # a clear error, not a traceback
+        assert "is not an Eagle3Head config" in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(threads)
+    first = lambda run: json.loads(open(run + "/log.jsonl").readline())["loss"]  # noqa: E731
+    assert first(out + "-run") < first(eagle + "-run")
+    assert "continued from" in open(os.path.join(out, "README.md")).read()
+    old, new = Eagle3Head.load(eagle), Eagle3Head.load(out)
+    assert torch.equal(old.draft_ids, new.draft_ids)
+
+
 def test_hidden_states_match_transformers(target_dir, hf_target):
     m = load_model(target_dir, "native", "cpu", "float32", what="target")
     m.allocate(2, 64)

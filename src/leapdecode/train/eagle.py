@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..errors import LeapDecodeError
 from ..models.eagle import Eagle3Head, default_aux_layers
 from .data import batch_at
 from .teacher import Teacher, fit, soft_ce
@@ -97,19 +98,45 @@ def measure(head: Eagle3Head, teacher: Teacher, tokens: np.ndarray, steps: int,
             "draft_vocab_coverage": round(covered / n, 4)}  # fmt: skip
 
 
+def init_head(teacher: Teacher, path: str) -> Eagle3Head:
+    """A trained head to continue from (`--init`): it must read this target's layers."""
+    head = Eagle3Head.load(path)
+    if (head.target_hidden, head.vocab_size) != (teacher.hidden, teacher.vocab) or max(
+            head.aux_layers) >= teacher.layers:  # fmt: skip
+        raise LeapDecodeError(
+            f"--init {path!r} is a head for another target (hidden {head.target_hidden}, "
+            f"vocabulary {head.vocab_size}, layers {list(head.aux_layers)}; this target: "
+            f"hidden {teacher.hidden}, vocabulary {teacher.vocab}, {teacher.layers} layers): "
+            "pass a head trained for this target, or leave --init out to start afresh"
+        )
+    head.info = {}
+    return head.train()
+
+
 def train_eagle(teacher: Teacher, train_tokens, val_tokens, *, draft_vocab: int, ttt_steps: int,
                 steps: int, batch: int, context: int, lr: float, run_dir: str,
-                seed: int = 0, stamp: dict | None = None):  # fmt: skip
-    """Returns (trained head with its held-out accuracy, training summary)."""
+                seed: int = 0, stamp: dict | None = None, init: str | None = None):  # fmt: skip
+    """Returns (trained head with its held-out accuracy, training summary). init: a head
+    folder to continue from (its weights and draft vocabulary) instead of a new head."""
     import hashlib
 
     torch.manual_seed(seed)
-    head = new_head(teacher, draft_vocabulary(train_tokens, teacher.vocab, draft_vocab))
+    if init:
+        head = init_head(teacher, init)
+    else:
+        head = new_head(teacher, draft_vocabulary(train_tokens, teacher.vocab, draft_vocab))
     vocab_digest = hashlib.sha256(head.draft_ids.numpy().tobytes()).hexdigest()[:16]
     stamp = {**(stamp or {}), "kind": "eagle", "ttt_steps": ttt_steps,
              "draft_vocab": vocab_digest}  # fmt: skip
+    if init:  # a run folder continues only the run it began with these weights
+        weights = hashlib.sha256()
+        for v in head.state_dict().values():
+            weights.update(v.detach().numpy().tobytes())
+        stamp["init"] = weights.hexdigest()[:16]
     summary = fit(head, eagle_loss(head, teacher, ttt_steps), train_tokens, steps=steps,
                   batch=batch, context=context, lr=lr, run_dir=run_dir, desc="eagle",
                   seed=seed, stamp=stamp)  # fmt: skip
+    if init:
+        summary["init"] = init
     head.info["accuracy"] = measure(head, teacher, val_tokens, ttt_steps)
     return head, summary

@@ -48,6 +48,9 @@ def add_parsers(what, data_args) -> None:
                            help="the head drafts only the N most frequent tokens")  # fmt: skip
             p.add_argument("--ttt-steps", type=int, default=4,
                            help="training-time test: draft steps unrolled per position")  # fmt: skip
+            p.add_argument("--init", default=None, metavar="PATH",
+                           help="continue from this trained head (its weights and draft "
+                                "vocabulary; --draft-vocab is then ignored)")  # fmt: skip
 
 
 def _check(args) -> None:
@@ -155,8 +158,10 @@ def cmd_heads(args) -> int:
     else:
         from .eagle import train_eagle
 
+        if args.init and not os.path.isfile(os.path.join(args.init, "config.json")):
+            raise LeapDecodeError(f"--init {args.init!r} is not a head folder (no config.json)")
         heads, summary = train_eagle(teacher, train, val, draft_vocab=args.draft_vocab,
-                                     ttt_steps=args.ttt_steps, **common)  # fmt: skip
+                                     ttt_steps=args.ttt_steps, init=args.init, **common)  # fmt: skip
         accuracy = heads.info.pop("accuracy")
     summary["data"] = args.tokens or "the corpus training split"
     heads.info.update({"target": os.path.basename(os.path.abspath(args.target)),
@@ -179,6 +184,7 @@ def write_card(out: str, report: dict) -> None:
              "outputs (self-distillation: its hidden states and next-token distributions).", "",
              "| | |", "|---|---|",
              f"| data | {t['data']} |",
+             *([f"| continued from | {t['init']} (steps below: this run's) |"] if t.get("init") else []),
              f"| steps x batch x context | {t['steps']} x {t['batch']} x {t['context']} "
              f"({t['tokens_seen'] / 1e6:.2f} M tokens) |",
              f"| training time | {t['train_seconds'] / 60:.1f} min on this machine's CPU |",
