@@ -66,7 +66,7 @@ def _bucket(method: str, offered: int, context: int = 0) -> int:
     if method == "ngram":
         return offered
     if method == "suffix":
-        return min(offered, 2) if offered <= 2 else 3 if offered <= 4 else 4 if offered <= 8 else 5
+        return offered if offered <= 2 else 3 if offered <= 4 else 4 if offered <= 8 else 5
     if method == "draft":
         return context
     return 0
@@ -279,8 +279,8 @@ class Scheduler:
         suffix = self.engine.proposers["suffix"]
         # a full-length n-gram draft that is worth at least the best suffix draft could be
         # makes the suffix trie walk pointless this step (it costs about a millisecond)
-        longest = self._estimate(seq, "suffix", _bucket("suffix", free)) if free else est
-        dominated = free and avail == free and est.gains(free)[-1] >= longest.gains(free)[-1]
+        dominated = free and avail == free and est.gains(free)[-1] >= self._estimate(
+            seq, "suffix", _bucket("suffix", free)).gains(free)[-1]  # fmt: skip
         skip = dominated or "suffix" not in allowed
         tokens, parents, _ = ([], [], 0.0) if skip else suffix.speculate(seq, free)
         avail = len(tokens)
