@@ -216,6 +216,28 @@ def test_acceptance_is_estimated_by_draft_position():
     assert est.gains(8)[-1] > 2 * flat.gains(8)[-1]
 
 
+def test_the_global_estimate_is_a_running_mean_until_it_has_evidence():
+    """Across requests a position's rate is the mean of its outcomes, the starting guess
+    counting as GLOBAL_PSEUDO of them, until the EMA's weight takes over: a rarely tried
+    deep position is not held near the guess (0.98^40 = 45% of it after 40 outcomes)."""
+    from leapdecode.engine.scheduler import GLOBAL_EMA, GLOBAL_PSEUDO, _Estimate
+
+    est, ema = _Estimate.flat(0.5), _Estimate.flat(0.5)
+    for i in range(40):  # position 1 accepted 3 times in 4, and then the rest always
+        accepted = 0 if i % 4 == 0 else 8
+        est.update(8, accepted, GLOBAL_EMA, GLOBAL_PSEUDO)
+        ema.update(8, accepted, GLOBAL_EMA)
+    hits, tries = 30, 40  # position 1; positions 2-8: 30 of 30
+    mean = (0.5 * GLOBAL_PSEUDO + hits) / (tries + GLOBAL_PSEUDO)
+    assert est.rates[1] == pytest.approx(mean)
+    assert est.rates[5] == pytest.approx((0.5 * GLOBAL_PSEUDO + 30) / (30 + GLOBAL_PSEUDO))
+    assert ema.rates[5] < 0.8 < est.rates[5]
+    assert est.rates[9] == 0.5  # never tried
+    for _ in range(2000):  # then an EMA: a change of behaviour is followed, not averaged away
+        est.update(8, 0, GLOBAL_EMA, GLOBAL_PSEUDO)
+    assert est.rates[1] < 0.01
+
+
 def test_cost_model_curve_and_learnt_step_costs():
     cost = CostModel((1, 8), (1, 2, 4), ((0.01, 0.011, 0.013), (0.02, 0.024, 0.03)), (0.001, 0.002))
     curve = cost.verify_curve(3, 40)

@@ -48,6 +48,11 @@ HEAD_TREE = 4  # auto's medusa / eagle tree: this many times the request's k nod
 FREE_FACTOR, FREE_MIN = 2, 16
 EMA = 0.15  # weight of one new draft outcome in a sequence's acceptance estimate
 GLOBAL_EMA = 0.02  # the same across requests (the prior of the next request)
+# ... whose starting guess (PRIOR) counts as this many outcomes: until a position has seen
+# about 1 / GLOBAL_EMA outcomes its rate is their running mean, not an EMA that still
+# weighs the guess (0.98^49 = 37% after 49 outcomes: deep positions, rarely tried, stayed
+# near 0.5 where 0.9 was measured, and auto undervalued long drafts of 2- and 3-gram matches)
+GLOBAL_PSEUDO = 4
 PSEUDO = 20  # outcomes at a draft position before its own rate outweighs the one before it
 # A draft catch-up (a prompt, or what other methods accepted) is paid once and serves the
 # row's later draft steps, so it is charged over the draft steps the row is expected to take:
@@ -106,14 +111,20 @@ class _Estimate:
             out[j] = weight[j] * self.rates[j] + (1 - weight[j]) * out[j - 1]
         return _Estimate(out)
 
-    def update(self, proposed: int, accepted: int, weight: float = EMA) -> None:
-        # Positions 1..accepted are successes; the first rejected one (if any) a failure;
-        # the positions after it were not tried.
+    def update(self, proposed: int, accepted: int, weight: float = EMA,
+               pseudo: float | None = None) -> None:  # fmt: skip
+        """Positions 1..accepted are successes; the first rejected one (if any) a failure;
+        the positions after it were not tried. pseudo: the starting rates count as this many
+        outcomes, so a position's rate is the running mean of its outcomes (and that many
+        pseudo-outcomes) until 1 / (seen + pseudo) falls to `weight`, an EMA after."""
         r = self.rates
-        r[1 : accepted + 1] += weight * (1.0 - r[1 : accepted + 1])
         tried = accepted + 1 if accepted < proposed else accepted
+        w = np.full(tried + 1, weight)  # [tried + 1] (index 0 unused)
+        if pseudo is not None:
+            w = np.maximum(w, 1.0 / (self.seen[: tried + 1] + pseudo + 1))
+        r[1 : accepted + 1] += w[1 : accepted + 1] * (1.0 - r[1 : accepted + 1])
         if accepted < proposed:
-            r[accepted + 1] -= weight * r[accepted + 1]
+            r[accepted + 1] -= w[accepted + 1] * r[accepted + 1]
         self.seen[1 : tried + 1] += 1
 
     def gains(self, upto: int) -> np.ndarray:
@@ -192,7 +203,8 @@ class Scheduler:
             if spans[i] and method in PRIOR:
                 bucket = self._bucket_of(seqs[i], method)
                 self._estimate(seqs[i], method, bucket).update(spans[i], n_accepted[i])
-                self._global(method, bucket).update(spans[i], n_accepted[i], GLOBAL_EMA)
+                self._global(method, bucket).update(spans[i], n_accepted[i], GLOBAL_EMA,
+                                                   GLOBAL_PSEUDO)  # fmt: skip
             self.k_counts[counts[i]] = self.k_counts.get(counts[i], 0) + 1
             self._shadow_outcomes(seqs[i], method if spans[i] else None)
         if self.cost is not None:
@@ -220,7 +232,7 @@ class Scheduler:
             n = min(len(chain), len(emitted))  # positions the emitted tokens decide
             hits = next((j for j in range(n) if chain[j] != emitted[j]), n)
             self._estimate(seq, method, bucket).update(n, hits)
-            self._global(method, bucket).update(n, hits, GLOBAL_EMA)
+            self._global(method, bucket).update(n, hits, GLOBAL_EMA, GLOBAL_PSEUDO)
 
     # -------------------------------------------------------------------- plan
     def plan(self, seqs: list[Sequence]) -> list[tuple[str, int]]:
