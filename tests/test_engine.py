@@ -249,6 +249,26 @@ def test_cost_model_curve_and_learnt_step_costs():
     assert cost.overhead_s == pytest.approx(0.0022)
 
 
+def test_cost_model_learns_the_shape_of_the_served_costs():
+    """Served forwards need not keep the profile's shape: here short drafts cost 0.8x what
+    the table says and long ones 1.1x (times a level of 1.5). One factor would misprice
+    both; the per-(B, T) correction learns each, and the curve keeps agreeing with verify_s."""
+    import numpy as np
+
+    table = ((0.01, 0.011, 0.013, 0.02, 0.03), (0.02, 0.024, 0.03, 0.04, 0.06),
+             (0.03, 0.035, 0.045, 0.06, 0.09))  # fmt: skip
+    cost = CostModel((1, 8, 16), (1, 2, 4, 8, 16), table, (0.001, 0.002, 0.003))
+    served = {t: 1.5 * cost.verify_s(16, 16 * t) * (0.8 if t <= 5 else 1.1) for t in (5, 9, 17)}
+    for t in [5, 9, 17] * 200:
+        cost.observe(16, 16 * t, served[t], 0, 0, 0.0)
+    for t, seconds in served.items():
+        assert cost.verify_s(16, 16 * t) == pytest.approx(seconds, rel=0.03)
+    assert cost.verify_s(1, 4) == pytest.approx(cost.verify_scale * 0.013)  # not seen: level only
+    curve = cost.verify_curve(16, 16 * 20)
+    assert curve == pytest.approx([cost.verify_s(16, r) for r in range(16 * 20 + 1)])
+    assert np.isfinite(cost.as_dict()["verify_shape"]).all()
+
+
 def test_auto_methods_limit_what_auto_picks(decoder, prompts):
     """auto_methods: auto chooses only from these (eagle is opt-in); bad values are a
     clear error."""

@@ -15,8 +15,16 @@ and interpolated (linearly in B and L, extrapolated linearly past the last grid 
     catch_up_s(n)   = n * per-token cost   (the draft feeding n tokens it has not seen: a
                                             prompt, or what other methods accepted)
 
-and kept honest afterwards: every step's measured forward time nudges a correction factor
-(exponential moving average of measured / predicted). Two more figures are learnt from
+and kept honest afterwards, as served forwards do not keep the profile's level or shape
+(min-of-3 forwards on a fresh cache, with contiguous slots): every step's measured forward
+time nudges a correction factor per batch size of the grid (a running mean of measured /
+predicted, then an EMA; shared between the grid sizes around the step's B as interpolation
+weighs them; a size not served yet takes the factor of all steps), and a relative one per
+(B, T) cell for what is left. One factor for all steps was not enough: small batches' forwards
+(the tail of a run) are dearer against the table than B = 16's, and their steps inflated the
+factor; B = 16 at T = 5, never tried once auto drafted longer, was priced 1.5x what it cost,
+so auto kept drafting longer than fixed n-grams at k = 4, and lost to them (C = 16 closed
+loop: 270 against 289 tokens/s capped at 4). Two more figures are learnt from
 measured steps only (moving averages): what one proposal of each draftless or head method
 costs (`propose_s`: the n-gram lookup, the suffix trie walk, a Medusa or EAGLE tree), and
 the step's fixed overhead outside the forwards and proposals (`overhead_s`: planning,
@@ -36,6 +44,7 @@ from ..models.base import CausalLM
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 NEW_TOKENS = (1, 2, 4, 8, 16)
 CONTEXTS = (256, 768)  # cached prefixes profiled (clamped to each model's context)
+SHAPE_RATE = 0.1  # how fast a (B, T) cell of the shape correction follows its steps
 
 
 def _fill(model: CausalLM, batch: int, cached: int) -> None:
@@ -75,7 +84,11 @@ class CostModel:
                              f"{len(contexts)} x {len(batches)} x {len(news)}")  # fmt: skip
         self.verify = verify  # [len(contexts), len(batches), len(news)]
         self.draft = np.asarray(draft, dtype=float)  # [len(batches)]
-        self.verify_scale = 1.0
+        self.verify_scale = 1.0  # measured / table over all steps (the factor of unserved sizes)
+        self.batch_scale = np.ones(len(self.batches))  # [len(batches)] the same by batch size
+        self.batch_seen = np.zeros(len(self.batches))  # [len(batches)] steps (weighted) behind it
+        # [len(batches), len(news)] what is left over, relative to the batch size's factor
+        self.verify_shape = np.ones((len(self.batches), len(self.news)))
         self.draft_scale = 1.0
         self.draft_token_s = 0.0  # the draft's prefill cost per token (catching up)
         self.propose: dict[str, float] = {}  # method -> seconds of one proposal (measured)
@@ -120,6 +133,26 @@ class CostModel:
         out.draft_token_s = token_s
         return out
 
+    @staticmethod
+    def _weights(grid: np.ndarray, x: float) -> list[tuple[int, float]]:
+        """(grid index, weight) pairs that interpolate linearly at x, clamped at the ends."""
+        if x <= grid[0]:
+            return [(0, 1.0)]
+        if x >= grid[-1]:
+            return [(len(grid) - 1, 1.0)]
+        i = int(np.searchsorted(grid, x, side="right")) - 1
+        w = float((x - grid[i]) / (grid[i + 1] - grid[i]))
+        return [(i, 1.0 - w), (i + 1, w)]
+
+    def _level(self, batch: int) -> float:
+        """The learnt measured / table factor at `batch` sequences."""
+        scales = np.where(self.batch_seen > 0, self.batch_scale, self.verify_scale)
+        return float(sum(w * scales[i] for i, w in self._weights(self.batches, batch)))
+
+    def _shape_by_new(self, batch: int) -> np.ndarray:
+        """[len(news)] the learnt shape correction at `batch` sequences."""
+        return sum(w * self.verify_shape[i] for i, w in self._weights(self.batches, batch))
+
     def _interp_batch(self, values: np.ndarray, batch: float) -> np.ndarray | float:
         """Linear in the batch size between grid points, extrapolated linearly past the last."""
         b = self.batches
@@ -145,18 +178,21 @@ class CostModel:
         w = (context - c[i]) / (c[i + 1] - c[i])
         return tables[i] * (1 - w) + tables[i + 1] * w
 
-    def verify_s(self, batch: int, rows: float, context: float | None = None) -> float:
-        """One verify forward: `batch` sequences, `rows` new tokens in all, over cached
-        prefixes of up to `context` tokens."""
-        per_seq = max(1.0, rows / max(1, batch))
+    def _table_s(self, batch: int, per_seq: float, context: float | None) -> float:
+        """The profiled table at (batch, per_seq new tokens, context), uncorrected."""
         by_new = self._by_new(batch, context)  # [len(news)]
         n = self.news
         if per_seq >= n[-1]:  # past the grid: linear in the rows
             slope = (by_new[-1] - by_new[-2]) / (n[-1] - n[-2])
-            t = by_new[-1] + slope * (per_seq - n[-1])
-        else:
-            t = float(np.interp(per_seq, n, by_new))
-        return self.verify_scale * float(t)
+            return float(by_new[-1] + slope * (per_seq - n[-1]))
+        return float(np.interp(per_seq, n, by_new))
+
+    def verify_s(self, batch: int, rows: float, context: float | None = None) -> float:
+        """One verify forward: `batch` sequences, `rows` new tokens in all, over cached
+        prefixes of up to `context` tokens."""
+        per_seq = max(1.0, rows / max(1, batch))
+        shape = float(np.interp(per_seq, self.news, self._shape_by_new(batch)))  # clamped
+        return self._level(batch) * shape * self._table_s(batch, per_seq, context)
 
     def verify_curve(self, batch: int, max_rows: int, context: float | None = None) -> np.ndarray:
         """[max_rows + 1] verify_s(batch, R, context) for R = 0 .. max_rows, in one pass."""
@@ -166,7 +202,7 @@ class CostModel:
         slope = (by_new[-1] - by_new[-2]) / (n[-1] - n[-2])
         t = np.where(per_seq >= n[-1], by_new[-1] + slope * (per_seq - n[-1]),
                      np.interp(per_seq, n, by_new))  # fmt: skip
-        return self.verify_scale * t
+        return self._level(batch) * np.interp(per_seq, n, self._shape_by_new(batch)) * t
 
     def catch_up_s(self, tokens: int | np.ndarray) -> float | np.ndarray:
         """The draft model feeding `tokens` tokens it has not seen yet."""
@@ -182,10 +218,24 @@ class CostModel:
                 context: float | None = None) -> None:  # fmt: skip
         """Fold one measured step into the correction factors (catch_up: tokens the draft
         model fed before drafting; context: the batch's longest sequence)."""
-        predicted = self.verify_s(batch, rows, context) / self.verify_scale
-        if predicted > 0 and verify_s > 0:
-            ratio = min(4.0, max(0.25, verify_s / predicted))
-            self.verify_scale += rate * (ratio - self.verify_scale)
+        per_seq = max(1.0, rows / max(1, batch))
+        table = self._table_s(batch, per_seq, context)
+        if table > 0 and verify_s > 0:
+            self.verify_scale += rate * (min(4.0, max(0.25, verify_s / table)) - self.verify_scale)
+            # the batch size's factor, net of the shape
+            shape = float(np.interp(per_seq, self.news, self._shape_by_new(batch)))
+            ratio = min(4.0, max(0.25, verify_s / (table * shape)))
+            for i, wb in self._weights(self.batches, batch):
+                old = self.batch_scale[i] if self.batch_seen[i] > 0 else self.verify_scale
+                w = wb * max(rate, 1.0 / (1.0 + self.batch_seen[i]))
+                self.batch_scale[i] = old + w * (ratio - old)
+                self.batch_seen[i] += wb
+            # the cells around (B, T): what the factor still misses, at a higher rate (each
+            # cell sees fewer steps than the factor does)
+            rel = min(4.0, max(0.25, verify_s / self.verify_s(batch, rows, context)))
+            for i, wb in self._weights(self.batches, batch):
+                for j, wn in self._weights(self.news, per_seq):
+                    self.verify_shape[i, j] *= 1.0 + SHAPE_RATE * wb * wn * (rel - 1.0)
         if draft_steps and draft_batch:
             predicted = draft_steps * self.draft_s(draft_batch) / self.draft_scale
             predicted += self.draft_token_s * catch_up
@@ -212,6 +262,8 @@ class CostModel:
         return {"batches": self.batches.tolist(), "new_tokens": self.news.tolist(),
                 "contexts": self.contexts.tolist(),
                 "verify_s": self.verify.tolist(), "draft_s": self.draft.tolist(),
-                "verify_scale": self.verify_scale, "draft_scale": self.draft_scale,
+                "verify_scale": self.verify_scale, "batch_scale": self.batch_scale.tolist(),
+                "verify_shape": self.verify_shape.tolist(),
+                "draft_scale": self.draft_scale,
                 "draft_token_s": self.draft_token_s,
                 "propose_s": dict(self.propose), "overhead_s": self.overhead_s}  # fmt: skip

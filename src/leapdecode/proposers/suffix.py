@@ -225,24 +225,32 @@ class SuffixProposer(Proposer):
     def add(self, seqs: list[Sequence]) -> None:
         # Only requests that may draft with suffix (suffix, auto) build a trie or reach the
         # global tree: the others pay nothing for this method.
+        # The request's own trie is built when it is first asked for a draft (_sync): an
+        # auto request whose n-gram drafts always win never pays for it (a prompt of a few
+        # hundred tokens is a few milliseconds of Python, and thousands of objects for the
+        # garbage collector to scan).
         for seq in seqs:
             if not seq.spec.may_use("suffix"):
                 continue
-            tree = SuffixTree(self.max_depth)
-            tree.extend(0, seq.tokens[: seq.prompt_len])
-            self.local[seq.id] = tree
-            self.synced[seq.id] = seq.prompt_len
+            self.local[seq.id] = SuffixTree(self.max_depth)
+            self.synced[seq.id] = seq.prompt_len  # the global tree holds outputs only
             if self.max_cached > 0 and not self.frozen:
                 self._cache(seq.id)
 
     def _sync(self, seq: Sequence) -> None:
+        """Bring the request's own trie (prompt and output) and, if it is cached, the
+        global tree (output only) up to its tokens."""
+        local = self.local[seq.id]
+        have = len(local.tokens.get(0, ()))
+        if have < len(seq.tokens):
+            local.extend(0, seq.tokens[have:])
+        self._sync_global(seq)
+
+    def _sync_global(self, seq: Sequence) -> None:
         done = self.synced[seq.id]
-        new = seq.tokens[done:]
-        if new:
-            self.local[seq.id].extend(0, new)
-            if seq.id in self.global_order:
-                self.global_tree.extend(seq.id, new)  # outputs only: the prompt stays local
-            self.synced[seq.id] = len(seq.tokens)
+        if seq.id in self.global_order and done < len(seq.tokens):
+            self.global_tree.extend(seq.id, seq.tokens[done:])
+        self.synced[seq.id] = len(seq.tokens)
 
     def speculate(self, seq: Sequence, k: int) -> tuple[list[int], list[int], float]:
         """The best draft for `seq` now: (tokens, parents, score). Within one step a second
@@ -303,7 +311,7 @@ class SuffixProposer(Proposer):
     def remove(self, seqs: list[Sequence]) -> None:
         for seq in seqs:
             if seq.id in self.local:
-                self._sync(seq)  # its last tokens count for later requests too
+                self._sync_global(seq)  # its last tokens count for later requests too
             self.local.pop(seq.id, None)
             self.synced.pop(seq.id, None)
             self.memo.pop(seq.id, None)
