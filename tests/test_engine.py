@@ -326,3 +326,19 @@ def test_auto_keeps_short_and_long_matches_apart(decoder):
     assert (seq.id, "suffix", 5) not in sched.estimates
     sched.forget([seq])
     assert not any(key[0] == seq.id for key in sched.estimates)
+
+
+def test_prefill_groups_prompts_of_like_length():
+    """Admitted prompts are prefilled in groups whose padding stays within PREFILL_PADDING of
+    their real tokens: a long prompt does not pad a batch of short ones to its length."""
+    from leapdecode.engine.engine import PREFILL_PADDING, length_groups
+
+    lengths = [100, 10, 95, 12, 50]
+    groups = length_groups(lengths)
+    assert groups == [[0, 2, 4], [3, 1]]
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        longest, real = max(lengths[i] for i in g), sum(lengths[i] for i in g)
+        assert len(g) * longest <= (1 + PREFILL_PADDING) * real
+    assert length_groups([7]) == [[0]] and length_groups([]) == []
+    assert length_groups([30] * 16) == [list(range(16))]  # equal prompts: one forward

@@ -22,9 +22,9 @@ predicted, then an EMA; shared between the grid sizes around the step's B as int
 weighs them; a size not served yet takes the factor of all steps), and a relative one per
 (B, T) cell for what is left. One factor for all steps was not enough: small batches' forwards
 (the tail of a run) are dearer against the table than B = 16's, and their steps inflated the
-factor; B = 16 at T = 5, never tried once auto drafted longer, was priced 1.5x what it cost,
-so auto kept drafting longer than fixed n-grams at k = 4, and lost to them (C = 16 closed
-loop: 270 against 289 tokens/s capped at 4). Two more figures are learnt from
+factor; B = 16 at T = 5, never tried once auto drafted longer, was priced at about 80 ms
+where it cost about 50, so auto kept to longer drafts than were worth it (C = 16 engine-level
+closed loop: auto 270 tokens/s, the same capped at 4 drafts 289). Two more figures are learnt from
 measured steps only (moving averages): what one proposal of each draftless or head method
 costs (`propose_s`: the n-gram lookup, the suffix trie walk, a Medusa or EAGLE tree), and
 the step's fixed overhead outside the forwards and proposals (`overhead_s`: planning,
