@@ -331,14 +331,16 @@ def test_auto_keeps_short_and_long_matches_apart(decoder):
 def test_prefill_groups_prompts_of_like_length():
     """Admitted prompts are prefilled in groups whose padding stays within PREFILL_PADDING of
     their real tokens: a long prompt does not pad a batch of short ones to its length."""
-    from leapdecode.engine.engine import PREFILL_PADDING, length_groups
+    from leapdecode.engine.engine import PREFILL_PAD_ROWS, PREFILL_PADDING, length_groups
 
-    lengths = [100, 10, 95, 12, 50]
+    lengths = [400, 40, 380, 48, 200]
     groups = length_groups(lengths)
     assert groups == [[0, 2, 4], [3, 1]]
     assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
     for g in groups:
         longest, real = max(lengths[i] for i in g), sum(lengths[i] for i in g)
-        assert len(g) * longest <= (1 + PREFILL_PADDING) * real
+        assert len(g) * longest - real <= max(PREFILL_PADDING * real, PREFILL_PAD_ROWS)
+    assert length_groups([20, 10]) == [[0, 1]]  # a few rows of padding beat a second forward
+    assert length_groups([400, 40]) == [[0], [1]]
     assert length_groups([7]) == [[0]] and length_groups([]) == []
     assert length_groups([30] * 16) == [list(range(16))]  # equal prompts: one forward

@@ -45,19 +45,22 @@ from ..verify import greedy_accept, rejection_accept, sample_match_accept, tree_
 from .scheduler import Scheduler
 
 PREFILL_PADDING = 0.25  # a prefill forward's padding may be at most this share of its real tokens
+PREFILL_PAD_ROWS = 64  # ... or this many rows (cheaper than another forward's fixed cost)
 
 
-def length_groups(lengths: list[int], slack: float = PREFILL_PADDING) -> list[list[int]]:
+def length_groups(lengths: list[int], slack: float = PREFILL_PADDING,
+                  pad_rows: int = PREFILL_PAD_ROWS) -> list[list[int]]:  # fmt: skip
     """Indices of `lengths` in groups to prefill together: longest first, a group grows while
-    its rows padded to its longest stay within (1 + slack) x its real tokens. One right-padded
-    forward for every prompt admitted at once spent a third of its rows on padding (C = 16:
-    33k rows for 22k prompt tokens), and a row of padding costs what a real one does."""
+    its padding (rows padded to its longest, less its real tokens) stays within slack x its
+    real tokens or pad_rows. One right-padded forward for every prompt admitted at once spent
+    a third of its rows on padding (C = 16: 33k rows for 22k prompt tokens), and a row of
+    padding costs what a real one does on a CPU."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     groups: list[list[int]] = []
     for i in order:
         g = groups[-1] if groups else None
-        if g is not None and (len(g) + 1) * lengths[g[0]] <= (1 + slack) * (
-                sum(lengths[j] for j in g) + lengths[i]):  # fmt: skip
+        real = sum(lengths[j] for j in g) + lengths[i] if g else 0
+        if g is not None and (len(g) + 1) * lengths[g[0]] - real <= max(slack * real, pad_rows):
             g.append(i)
         else:
             groups.append([i])
@@ -208,12 +211,14 @@ class Engine:
         """The admitted prompts' forwards: prompts of very different lengths go in separate
         forwards (see length_groups). Returns (sequence, its first token) in seqs' order."""
         done: dict[int, tuple[Sequence, list[int]]] = {}
+        admitted = time.perf_counter()  # queue_s ends here for all of them
         for group in length_groups([len(s.tokens) for s in seqs]):
-            for s, toks in self._prefill_group([seqs[i] for i in group]):
+            for s, toks in self._prefill_group([seqs[i] for i in group], admitted):
                 done[id(s)] = (s, toks)
         return [done[id(s)] for s in seqs]
 
-    def _prefill_group(self, seqs: list[Sequence]) -> list[tuple[Sequence, list[int]]]:
+    def _prefill_group(self, seqs: list[Sequence],
+                       admitted: float) -> list[tuple[Sequence, list[int]]]:  # fmt: skip
         t0 = time.perf_counter()
         tokens, lengths = pad_right([s.tokens for s in seqs])
         slots = self._slots(seqs)
@@ -228,7 +233,7 @@ class Engine:
             s.stats.target_forwards += 1
             s.stats.prefill_s = now - t0
             s.stats.first_token_s = now
-            s.stats.queue_s = t0 - s.arrival_s
+            s.stats.queue_s = admitted - s.arrival_s
             out.append((s, s.append([tok])))
         if outs is not None:
             self._share_hidden(seqs, outs, want, [torch.arange(int(n)) for n in lengths])

@@ -116,7 +116,7 @@ class _Estimate:
         """Positions 1..accepted are successes; the first rejected one (if any) a failure;
         the positions after it were not tried. pseudo: the starting rates count as this many
         outcomes, so a position's rate is the running mean of its outcomes (and that many
-        pseudo-outcomes) until 1 / (seen + pseudo) falls to `weight`, an EMA after."""
+        pseudo-outcomes) until 1 / (seen + pseudo + 1) falls to `weight`, an EMA after."""
         r = self.rates
         tried = accepted + 1 if accepted < proposed else accepted
         w = np.full(tried + 1, weight)  # [tried + 1] (index 0 unused)

@@ -212,7 +212,7 @@ class SuffixProposer(Proposer):
         self.max_depth = max_depth
         self.max_cached = max_cached_requests
         self.local: dict[int, SuffixTree] = {}
-        self.synced: dict[int, int] = {}  # sequence id -> tokens already in its tries
+        self.synced: dict[int, int] = {}  # sequence id -> its tokens the global tree has seen
         self.global_tree = SuffixTree(max_depth)
         self.global_order: OrderedDict = OrderedDict()  # FIFO of cached requests' ids
         self.memo: dict = {}  # sequence id -> (its length, k, draft) of its last speculation
@@ -225,14 +225,13 @@ class SuffixProposer(Proposer):
     def add(self, seqs: list[Sequence]) -> None:
         # Only requests that may draft with suffix (suffix, auto) build a trie or reach the
         # global tree: the others pay nothing for this method.
-        # The request's own trie is built when it is first asked for a draft (_sync): an
-        # auto request whose n-gram drafts always win never pays for it (a prompt of a few
-        # hundred tokens is a few milliseconds of Python, and thousands of objects for the
-        # garbage collector to scan).
+        # The request's own trie takes its prompt now, at admission: built lazily it cost the
+        # same, but inside the decode step, where auto's learnt step overhead took it in.
         for seq in seqs:
             if not seq.spec.may_use("suffix"):
                 continue
-            self.local[seq.id] = SuffixTree(self.max_depth)
+            self.local[seq.id] = tree = SuffixTree(self.max_depth)
+            tree.extend(0, seq.tokens[: seq.prompt_len])
             self.synced[seq.id] = seq.prompt_len  # the global tree holds outputs only
             if self.max_cached > 0 and not self.frozen:
                 self._cache(seq.id)
