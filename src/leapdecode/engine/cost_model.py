@@ -232,7 +232,7 @@ class CostModel:
                 self.batch_seen[i] += wb
             # the cells around (B, T): what the factor still misses, at a higher rate (each
             # cell sees fewer steps than the factor does)
-            rel = min(4.0, max(0.25, verify_s / self.verify_s(batch, rows, context)))
+            rel = min(4.0, max(0.25, verify_s / (self._level(batch) * shape * table)))
             for i, wb in self._weights(self.batches, batch):
                 for j, wn in self._weights(self.news, per_seq):
                     self.verify_shape[i, j] *= 1.0 + SHAPE_RATE * wb * wn * (rel - 1.0)

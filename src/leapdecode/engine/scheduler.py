@@ -105,11 +105,12 @@ class _Estimate:
         """A new request's estimate from this (cross-request) one: a position seen a few
         times leans on the position before it, so depths nobody has drafted to yet (a
         fixed k = 2 before auto asks for 4) take the deepest evidence, not the flat prior."""
-        out = self.rates.copy()
-        weight = self.seen / (self.seen + PSEUDO)  # [MAX_K + 1]
+        rates, seen = self.rates.tolist(), self.seen.tolist()  # Python floats: a short loop
+        out = rates[:]
         for j in range(2, MAX_K + 1):
-            out[j] = weight[j] * self.rates[j] + (1 - weight[j]) * out[j - 1]
-        return _Estimate(out)
+            w = seen[j] / (seen[j] + PSEUDO)
+            out[j] = w * rates[j] + (1 - w) * out[j - 1]
+        return _Estimate(np.array(out))
 
     def update(self, proposed: int, accepted: int, weight: float = EMA,
                pseudo: float | None = None) -> None:  # fmt: skip

@@ -21,6 +21,7 @@ from .kv_cache import KVCache
 from .rope import apply_rope, rope_tables
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+CAUSAL = "causal"  # _masks: a fresh prompt's plain causal attention
 
 
 class NativeUnsupported(Exception):
@@ -249,14 +250,18 @@ class NativeLlama(CausalLM):
 
     # ----------------------------------------------------------------- forward
     def _masks(self, start, n_new, span, tree_mask, query_pos, same_start: bool) -> dict:
-        """Boolean attention masks [B, 1, T, span] (True = attend), one per window size."""
+        """Boolean attention masks [B, 1, T, span] (True = attend), one per window size;
+        None: every cached key is visible; CAUSAL: plain causal attention over the new tokens
+        alone (a fresh prompt: SDPA's own causal path, about twice as fast as a mask at a few
+        hundred tokens)."""
         windows = self.windows
         simple = tree_mask is None and n_new == 1 and same_start
+        fresh = tree_mask is None and same_start and int(start[0]) == 0 and n_new > 1
         key = torch.arange(span)  # [S]
         masks = {}
         for window in windows:
-            if simple and (window is None or span <= window):
-                masks[window] = None  # every cached key is visible
+            if (simple or fresh) and (window is None or span <= window):
+                masks[window] = CAUSAL if fresh else None
                 continue
             limit = start[:, None] + torch.arange(n_new)  # [B, T] cache index of each query
             allowed = key[None, None, :] <= limit[:, :, None]  # [B, T, S] causal
@@ -279,6 +284,8 @@ class NativeLlama(CausalLM):
     def _widen(mask, rows: torch.Tensor, width: int, n_new: int, span: int) -> torch.Tensor:
         """A [B, 1, T, S] mask (None: all visible) placed at `rows` of a [width, 1, T, S] one
         whose other rows (holes) see every key (their outputs are dropped)."""
+        if mask is CAUSAL:  # the same for every row, holes included
+            return mask
         full = torch.ones(width, 1, n_new, span, dtype=torch.bool, device=rows.device)
         if mask is not None:
             full.index_copy_(0, rows, mask)
@@ -365,8 +372,11 @@ class NativeLlama(CausalLM):
             else:  # the slot range as a view; the holes' queries are zeros, dropped after
                 keys, values = cache.read(i, None, span, lo, width)  # [width, H_kv, S, D]
                 q = q.new_zeros(width, *q.shape[1:]).index_copy_(0, span_rows, q)
+            mask = masks[layer.window]
+            causal = mask is CAUSAL
             o = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=masks[layer.window], enable_gqa=h != h_kv
+                q, keys, values, attn_mask=None if causal else mask, is_causal=causal,
+                enable_gqa=h != h_kv,
             )  # [B or width, H, T, D]
             if span_rows is not None:
                 o = o.index_select(0, span_rows)
