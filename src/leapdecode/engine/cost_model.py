@@ -83,6 +83,7 @@ class CostModel:
             raise ValueError(f"verify table {verify.shape} does not match the grid "
                              f"{len(contexts)} x {len(batches)} x {len(news)}")  # fmt: skip
         self.verify = verify  # [len(contexts), len(batches), len(news)]
+        self._by_batch: dict[int, list[np.ndarray]] = {}  # batch -> its rows of the table
         self.draft = np.asarray(draft, dtype=float)  # [len(batches)]
         self.verify_scale = 1.0  # measured / table over all steps (the factor of unserved sizes)
         self.batch_scale = np.ones(len(self.batches))  # [len(batches)] the same by batch size
@@ -170,7 +171,10 @@ class CostModel:
         """[len(news)] seconds of `batch` sequences x each grid T over `context` cached
         tokens (None: the shortest profiled), linear in the context between the profiled
         ones, extrapolated linearly past the longest, the shortest's below it."""
-        tables = [self._interp_batch(t, batch) for t in self.verify]  # [len(contexts)] x [T]
+        tables = self._by_batch.get(batch)  # the profiled table never changes: kept per B
+        if tables is None:
+            tables = [self._interp_batch(t, batch) for t in self.verify]  # [len(contexts)] x [T]
+            self._by_batch[batch] = tables
         c = self.contexts
         if context is None or len(c) == 1 or context <= c[0]:
             return tables[0]
@@ -212,6 +216,17 @@ class CostModel:
         if batch == 0:
             return 0.0
         return self.draft_scale * float(self._interp_batch(self.draft, batch))
+
+    def draft_curve(self, lo: int, hi: int) -> np.ndarray:
+        """[hi - lo + 1] draft_s(B) for B = lo .. hi, in one pass."""
+        x = np.arange(lo, hi + 1, dtype=float)
+        b, d = self.batches, self.draft
+        if len(b) == 1:
+            out = d[0] * x / b[0]
+        else:  # _interp_batch: linear between grid points, and past the last
+            slope = (d[-1] - d[-2]) / (b[-1] - b[-2])
+            out = np.where(x >= b[-1], d[-1] + slope * (x - b[-1]), np.interp(x, b, d))
+        return np.where(x == 0, 0.0, self.draft_scale * out)
 
     def observe(self, batch: int, rows: int, verify_s: float, draft_steps: int, draft_batch: int,
                 propose_s: float, catch_up: int = 0, rate: float = 0.05,

@@ -371,15 +371,21 @@ class Scheduler:
         gain = np.full((a, n_m, top + 1), -np.inf)  # [A, method, k] expected accepted drafts
         gain[:, :, 0] = 0.0
         top_draft = 0  # the deepest draft-model chain any row may take
+        chains = []  # (row, method, most drafts, rates) of every chain option
         for j, opts in enumerate(options):
             for method, lim, est, depth in opts:
                 m = methods.index(method)
                 if depth is None:  # a chain: any k up to lim
-                    gain[j, m, 1 : lim + 1] = est.gains(lim)
+                    chains.append((j, m, lim, est.rates[1 : top + 1]))
                     if m == DRAFT:
                         top_draft = max(top_draft, lim)
                 else:  # a head's tree: its whole size, worth its depth
                     gain[j, m, lim] = float(est.gains(depth)[-1])
+        if chains and top:  # every chain's E(k) - 1 for k = 1..top at once (_Estimate.gains)
+            rows_, ms, lims, rates = zip(*chains, strict=True)
+            g = np.cumsum(np.cumprod(np.stack(rates), axis=1), axis=1)  # [chains, K]
+            g[ks[1:][None, :] > np.array(lims)[:, None]] = -np.inf  # past each one's most
+            gain[np.array(rows_), np.array(ms), 1:] = g
         # under cap c: the best gain with k <= c, and the smallest k that reaches it
         best = np.maximum.accumulate(gain, axis=2)  # [A, method, K+1]
         prev = np.concatenate([np.full((a, n_m, 1), -np.inf), best[:, :, :-1]], axis=2)
@@ -388,12 +394,14 @@ class Scheduler:
                    for m in methods if m != "draft"}  # fmt: skip
         fixed_propose = sum(propose.get(m, 0.0) for m in fixed_used)
         verify = cost.verify_curve(n, n * (1 + max(top, fixed_k)), _longest(seqs))  # [rows + 1]
-        draft_fwd = np.array([cost.draft_s(fixed_dn + j) for j in range(a + 1)])  # [A + 1]
+        draft_fwd = cost.draft_curve(fixed_dn, fixed_dn + a)  # [A + 1]
         # a row's draft catch-up is paid once and then serves the row's later draft steps:
         # spread over those it is expected to take (DRAFT_SHARE_PRIOR above)
-        catch = np.array([cost.catch_up_s(self._unseen(seqs[i]))
-                          / max(1.0, seqs[i].room() / 2 * self.draft_share) if top_draft else 0.0
-                          for i in auto])  # [A]  # fmt: skip
+        catch = np.zeros(a)  # [A]
+        if top_draft:
+            unseen = np.array([self._unseen(seqs[i]) for i in auto], dtype=float)
+            steps = np.array([seqs[i].room() for i in auto], dtype=float) / 2 * self.draft_share
+            catch = cost.catch_up_s(unseen) / np.maximum(1.0, steps)
         caps = ks  # [C] = [K+1]
         # beside fixed draft rows the draft forwards run anyway: any depth up to theirs is free;
         # every draft-model depth kd is scored at once, on a leading axis [D]
@@ -416,7 +424,7 @@ class Scheduler:
                     if not mask >> b & 1:
                         value[:, :, h, 1:] = -np.inf
             m = value.argmax(2)  # [D, A, C] each row's method under each (kd, cap)
-            g = np.take_along_axis(value, m[:, :, None], 2)[:, :, 0]  # [D, A, C]
+            g = value.max(2)  # [D, A, C] (at m)
             k = np.take_along_axis(base_k, m[:, :, None], 2)[:, :, 0]  # [D, A, C]
             k = np.where(np.isfinite(g) & (g > 0), k, 0)
             g = np.where(k > 0, g, 0.0)
@@ -427,7 +435,7 @@ class Scheduler:
             c = (cost.overhead_s + fixed_propose + verify[n * (1 + longest)]
                  + dk * draft_fwd[drafting.sum(1)] + np.einsum("dac,a->dc", drafting, catch))  # fmt: skip
             for name, t in propose.items():
-                if name not in fixed_used:
+                if t and name not in fixed_used:
                     c = c + t * ((m == methods.index(name)) & (k > 0)).any(1)
             goodput = tokens / c  # [D, C]
             di, ci = np.unravel_index(int(goodput.argmax()), goodput.shape)
