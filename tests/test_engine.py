@@ -344,3 +344,14 @@ def test_prefill_groups_prompts_of_like_length():
     assert length_groups([400, 40]) == [[0], [1]]
     assert length_groups([7]) == [[0]] and length_groups([]) == []
     assert length_groups([30] * 16) == [list(range(16))]  # equal prompts: one forward
+
+
+@pytest.mark.parametrize("batches,draft", [((1,), (0.5,)), ((1, 2, 4, 8, 16), (1, 1.2, 1.5, 2.5, 4)),
+                                           ((2, 4, 6), (1, 2, 3.5))])  # fmt: skip
+def test_the_draft_cost_curve_is_draft_s_at_every_batch_size(batches, draft):
+    """auto prices every number of draft rows at once; the curve is draft_s's arithmetic,
+    below, between and past the profiled batch sizes."""
+    cost = CostModel(batches, (1, 2), [(1.0, 2.0)] * len(batches), draft)
+    cost.draft_scale = 1.3
+    assert cost.draft_curve(0, 24).tolist() == [cost.draft_s(b) for b in range(25)]
+    assert cost.draft_curve(3, 9).tolist() == [cost.draft_s(b) for b in range(3, 10)]

@@ -126,3 +126,37 @@ def test_unsupported_architecture_falls_back_with_notice(tmp_path, caplog):
     with torch.no_grad():
         ref = ref_model(ids).logits
     assert (model.forward(ids, torch.tensor([0])) - ref).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "mistral-sliding-window"])
+def test_a_fresh_prompt_takes_the_causal_path_with_the_masks_logits(name, tmp_path):
+    """A prompt prefilled from an empty cache runs SDPA's own causal path (faster than a
+    boolean mask); its logits equal the boolean mask's, holes between slots included; a
+    window shorter than the prompt, or a cached prefix, keeps the boolean mask."""
+    from leapdecode.models import llama
+
+    cls, config = CASES[name]
+    _save(cls, config, tmp_path)
+    native = load_model(str(tmp_path))
+    ids = torch.randint(0, config.vocab_size, (2, 6))  # within the sliding window (8)
+    start = torch.tensor([0, 0])
+    masks = native._masks(start, 6, 6, None, torch.arange(6)[None].expand(2, -1), True)
+    assert all(m is llama.CAUSAL for m in masks.values())
+    cached = native._masks(torch.tensor([3, 3]), 6, 9, None, torch.arange(3, 9)[None], True)
+    assert all(isinstance(m, torch.Tensor) for m in cached.values())
+
+    def boolean_only(self, start, n_new, span, tree_mask, query_pos, same_start):
+        key = torch.arange(span)
+        limit = start[:, None] + torch.arange(n_new)
+        return {w: (key[None, None, :] <= limit[:, :, None])[:, None] for w in self.windows}
+
+    out = {}
+    for label in ("causal", "mask"):
+        if label == "mask":
+            native._masks = boolean_only.__get__(native)
+        native.allocate(5, 16)
+        native.truncate(torch.arange(5), torch.zeros(5, dtype=torch.long))
+        out[label] = (native.forward(ids, torch.arange(2)),
+                      native.forward(ids, torch.tensor([4, 2])))  # fmt: skip
+    for a, b in zip(out["causal"], out["mask"], strict=True):
+        assert (a - b).abs().max().item() < 1e-5

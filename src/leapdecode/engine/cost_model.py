@@ -174,6 +174,8 @@ class CostModel:
         tables = self._by_batch.get(batch)  # the profiled table never changes: kept per B
         if tables is None:
             tables = [self._interp_batch(t, batch) for t in self.verify]  # [len(contexts)] x [T]
+            for t in tables:
+                t.flags.writeable = False  # shared by every later call
             self._by_batch[batch] = tables
         c = self.contexts
         if context is None or len(c) == 1 or context <= c[0]:
@@ -223,9 +225,11 @@ class CostModel:
         b, d = self.batches, self.draft
         if len(b) == 1:
             out = d[0] * x / b[0]
-        else:  # _interp_batch: linear between grid points, and past the last
+        else:  # _interp_batch's arithmetic, element by element
+            i = np.clip(np.searchsorted(b, x, side="right") - 1, 0, len(b) - 2)
+            w = (x - b[i]) / (b[i + 1] - b[i])
             slope = (d[-1] - d[-2]) / (b[-1] - b[-2])
-            out = np.where(x >= b[-1], d[-1] + slope * (x - b[-1]), np.interp(x, b, d))
+            out = np.where(x >= b[-1], d[-1] + slope * (x - b[-1]), d[i] * (1 - w) + d[i + 1] * w)
         return np.where(x == 0, 0.0, self.draft_scale * out)
 
     def observe(self, batch: int, rows: int, verify_s: float, draft_steps: int, draft_batch: int,

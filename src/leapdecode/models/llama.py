@@ -21,7 +21,7 @@ from .kv_cache import KVCache
 from .rope import apply_rope, rope_tables
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-CAUSAL = "causal"  # _masks: a fresh prompt's plain causal attention
+CAUSAL = object()  # _masks: a fresh prompt's plain causal attention (SDPA's is_causal)
 
 
 class NativeUnsupported(Exception):
@@ -281,9 +281,10 @@ class NativeLlama(CausalLM):
         return masks
 
     @staticmethod
-    def _widen(mask, rows: torch.Tensor, width: int, n_new: int, span: int) -> torch.Tensor:
+    def _widen(mask, rows: torch.Tensor, width: int, n_new: int, span: int):
         """A [B, 1, T, S] mask (None: all visible) placed at `rows` of a [width, 1, T, S] one
-        whose other rows (holes) see every key (their outputs are dropped)."""
+        whose other rows (holes) see every key (their outputs are dropped); CAUSAL stays
+        CAUSAL (the same for every row, holes included)."""
         if mask is CAUSAL:  # the same for every row, holes included
             return mask
         full = torch.ones(width, 1, n_new, span, dtype=torch.bool, device=rows.device)
