@@ -1,8 +1,11 @@
 """Suffix decoding's count tries: counts, removal, FIFO eviction, drafts, and the global tree."""
 
 import random
+from collections import deque
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from leapdecode.bench.repeated import write as write_repeated
 from leapdecode.config import SpecConfig
@@ -53,6 +56,54 @@ def test_counts_match_brute_force_after_appends_and_removals(seed, vocab, depth)
     seqs[9] = seqs[0]
     assert _counts(tree) == _brute(list(seqs.values()), depth)
     assert tree.root.count == sum(len(s) for s in seqs.values())
+
+
+class _TokenByToken(SuffixTree):
+    """The reference: an empty trie filled one token at a time, as extend() grows a trie."""
+
+    def _fill(self, sid, new):
+        self.tokens[sid], self.active[sid] = [], deque()
+        self.extend(sid, new)
+
+
+def _same_trie(a: SuffixTree, b: SuffixTree, sid) -> None:
+    """Node for node: edges, counts, stamps, latest occurrences; and the growing suffixes."""
+    pairs = {id(a.root): b.root}
+
+    def walk(x, y):
+        assert sorted(x.children) == sorted(y.children)
+        for tok, cx in x.children.items():
+            cy = y.children[tok]
+            assert (cx.count, cx.stamp, cx.start, cx.length) == (
+                cy.count, cy.stamp, cy.start, cy.length)  # fmt: skip
+            assert (cx.src is a.tokens[sid]) == (cy.src is b.tokens[sid])
+            pairs[id(cx)] = cy
+            walk(cx, cy)
+
+    walk(a.root, b.root)
+    assert a.root.count == b.root.count and a.tokens[sid] == b.tokens[sid]
+    assert [pairs[id(n)] for n in a.active[sid]] == list(b.active[sid])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 12), st.lists(st.integers(0, 4), max_size=80),
+       st.lists(st.lists(st.integers(0, 4), max_size=6), max_size=6))  # fmt: skip
+def test_a_prompt_filled_at_once_is_the_trie_token_by_token(vocab, depth, prompt, pieces):
+    """extend() of an empty trie takes a prompt suffix by suffix (_fill): the trie must be the
+    one token-by-token appends build, and grow the same way after it."""
+    prompt = [t % vocab for t in prompt]
+    fast, slow = SuffixTree(depth), _TokenByToken(depth)
+    fast.extend(0, prompt)
+    slow.extend(0, prompt)
+    _same_trie(fast, slow, 0)
+    for piece in pieces:  # a request's accepted tokens, step by step
+        piece = [t % vocab for t in piece]
+        fast.extend(0, piece)
+        slow.extend(0, piece)
+    _same_trie(fast, slow, 0)
+    for m, at in fast.own_matches(0):
+        assert fast.draft(at, 8, 0.1, False) == slow.draft(slow.own_matches(0)[m - 1][1], 8,
+                                                           0.1, False)  # fmt: skip
 
 
 @pytest.mark.parametrize("seed,vocab,depth", [(0, 3, 6), (1, 2, 24), (2, 40, 8)])
@@ -174,3 +225,26 @@ def test_lookahead_steps_have_the_size_of_their_window_and_candidates():
     assert spec.k == spec.k_at(8) == 2 + 3 + 6
     with pytest.raises(LeapDecodeError, match="more than 64"):
         SpecConfig(method="lookahead", lookahead_window=16, lookahead_ngram_size=6)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 4), st.lists(st.integers(0, 3), min_size=1, max_size=60),
+       st.integers(1, 12), st.booleans())  # fmt: skip
+def test_a_draft_skips_only_the_suffixes_with_nothing_after_them(vocab, text, k, tree):
+    """_speculate stops at the first own suffix the text holds once (at its end, so nothing
+    follows it, nor any longer suffix): its draft must be the best over every match."""
+    text = [t % vocab for t in text]
+    prop = SuffixProposer(max_depth=12, max_cached_requests=0)
+    seq = _seq(0, text, use_tree_spec=tree)
+    prop.add([seq])
+    got = prop.speculate(seq, k)
+    local, spec = prop.local[0], seq.spec
+    best = ([], [], 0.0)
+    for m, at in sorted(local.own_matches(0), key=lambda x: -x[0]):  # every match, as vLLM
+        limit = min(k, int(m * spec.suffix_decoding_max_spec_factor + 1e-6))
+        if limit <= best[2]:
+            break
+        d = local.draft(at, limit, spec.suffix_decoding_min_token_prob, tree)
+        if d[2] > best[2] or (d[2] == best[2] and len(d[0]) > len(best[0])):
+            best = d
+    assert got == best

@@ -72,6 +72,9 @@ class SuffixTree:
         steps down by one token. The step is written out in the loop (a prompt of a few
         hundred tokens is thousands of steps; a method call each made this 3x slower)."""
         if sid not in self.tokens:
+            if not self.root.children:  # an empty trie (a request's own, given its prompt)
+                self._fill(sid, new)
+                return
             self.tokens[sid], self.active[sid] = [], deque()
         seq, active, root = self.tokens[sid], self.active[sid], self.root
         max_depth, clock = self.max_depth, self.clock
@@ -104,6 +107,46 @@ class SuffixTree:
                 child.stamp = stamp
                 child.src, child.start = seq, j  # its latest occurrence
                 active[i] = child
+
+    def _fill(self, sid, new: list[int]) -> None:
+        """extend() of an empty trie by a whole sequence, one suffix after another instead of
+        one token after another: the same trie (counts, edges, latest occurrences, stamps)
+        and the same growing suffixes, as every node's occurrences still arrive in text
+        order. A suffix stops costing once it leaves the text seen before: its unique rest
+        becomes one edge at once, where extend() walked it a token at a time (a prompt's
+        suffixes share a few tokens on average, not max_depth; about 4x fewer steps)."""
+        seq = self.tokens[sid] = list(new)
+        active = self.active[sid] = deque()
+        depth, n, root = self.max_depth, len(seq), self.root
+        base = next(self.clock)  # token j's stamp is base + j, as extend() counts them
+        self.clock = itertools.count(base + n)
+        root.count += n
+        for i in range(n):
+            end = min(i + depth, n)  # suffix i: seq[i:end]
+            node, j = root, i
+            while j < end:
+                tok = seq[j]
+                child = node.children.get(tok)
+                if child is None:  # new from here on: one edge to its end
+                    leaf = node.children[tok] = Node(seq, j, end - j)
+                    leaf.count = 1
+                    leaf.stamp = base + end - 1  # its last token's
+                    node = leaf
+                    break
+                if child.length > 1:  # split: a 1-token edge that now occurs once more
+                    head = Node(child.src, child.start, 1)
+                    head.count = child.count
+                    child.start += 1
+                    child.length -= 1
+                    head.children[child.token(0)] = child
+                    node.children[tok] = child = head
+                child.count += 1
+                child.stamp = base + j
+                child.src, child.start = seq, j  # its latest occurrence
+                node = child
+                j += 1
+            if i >= n - depth:  # still growing when the next token comes
+                active.append(node)
 
     def remove(self, sid) -> None:
         """Subtract every substring the sequence added (O(length x max_depth) steps)."""
@@ -269,7 +312,11 @@ class SuffixProposer(Proposer):
         self._sync(seq)
         spec = seq.spec
         local = self.local[seq.id]
-        matches = [(m, local, at) for m, at in local.own_matches(0)]
+        matches = []
+        for m, at in local.own_matches(0):
+            if at[0].count < 2:  # only here, at the text's end: nothing follows it (nor a
+                break  # longer suffix, which occurs no more often)
+            matches.append((m, local, at))
         if self.global_tree.root.children:
             context = seq.tokens[-self.max_depth :]
             matches += [(m, self.global_tree, at) for m, at in self.global_tree.match(context)]

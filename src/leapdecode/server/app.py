@@ -50,27 +50,71 @@ def _error(e: APIError, headers: dict | None = None) -> JSONResponse:
 class ClientWatch:
     """Engine events for one request, and whether its client is still there.
 
-    The client is checked with every event (a poll of the connection, cheap beside the
-    chunk it guards) and at least every `every` seconds while none comes, so a client that
-    hangs up is noticed within a step, even when its request would finish in well under a
-    second."""
+    The client is checked every `every` seconds, whether events keep coming or none does,
+    so a client that hangs up is noticed within that, even when its request would finish in
+    well under a second. (A poll with every event cost the HTTP thread about as much as the
+    chunk it guarded, at 16 streams; a streamed response also notices a hang-up by itself,
+    as Starlette listens for it.)"""
 
     def __init__(self, request, events: asyncio.Queue, every: float = 0.5) -> None:
         self.request = request
         self.events = events
         self.every = every
+        self.due = time.monotonic() + every  # the next poll of the connection
 
     async def next(self):
         """The next engine event; None once the client has gone away."""
         while True:
             try:
-                ev = await asyncio.wait_for(self.events.get(), timeout=self.every)
-            except (TimeoutError, asyncio.TimeoutError):  # the same class from Python 3.11 on
-                ev = None
-            if await self.request.is_disconnected():
-                return None
+                ev = self.events.get_nowait()  # most events are waiting already
+            except asyncio.QueueEmpty:
+                try:
+                    ev = await asyncio.wait_for(self.events.get(), timeout=self.every)
+                except (TimeoutError, asyncio.TimeoutError):  # one class from Python 3.11 on
+                    ev = None
+            now = time.monotonic()
+            if ev is None or now >= self.due:
+                self.due = now + self.every
+                if await self.request.is_disconnected():
+                    return None
             if ev is not None:
                 return ev
+
+
+class _Guard:
+    """Every request's body-size limit and API key, as plain ASGI middleware: Starlette's
+    BaseHTTPMiddleware (`@app.middleware`) passed every streamed chunk through a task and a
+    memory stream of its own, and was the HTTP thread's largest cost at 16 streams, time the
+    engine thread waits for the GIL."""
+
+    def __init__(self, app, api_key: str | None = None) -> None:
+        self.app = app
+        self.key = f"Bearer {api_key}".encode() if api_key else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])  # lower-case byte names
+        size = headers.get(b"content-length", b"").decode("latin-1")
+        if size.isdigit() and int(size) > MAX_BODY:
+            if int(size) <= 64 * MAX_BODY:  # read it away, so the client sees the answer
+                more = True
+                while more:
+                    message = await receive()
+                    more = message["type"] == "http.request" and message.get("more_body", False)
+            response = _error(protocol.bad(f"the request body is larger than {MAX_BODY} bytes",
+                                           None, "request_too_large"))  # fmt: skip
+            await response(scope, receive, send)
+            return
+        if self.key and scope["path"].startswith("/v1/") \
+                and headers.get(b"authorization", b"") != self.key:  # fmt: skip
+            response = _error(APIError(401, "missing or wrong API key: send "
+                                       "'Authorization: Bearer KEY'", None, "invalid_api_key",
+                                       "authentication_error"))  # fmt: skip
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def create_app(decoder: LeapDecoder, spec: SpecConfig, model_name: str, max_queue: int = 64,
@@ -94,22 +138,7 @@ def create_app(decoder: LeapDecoder, spec: SpecConfig, model_name: str, max_queu
     app.state.metrics = metrics
     created = int(time.time())
 
-    @app.middleware("http")
-    async def _guard(request: Request, call_next):
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > MAX_BODY:
-            if int(size) <= 64 * MAX_BODY:  # read it away, so the client sees the answer
-                async for _ in request.stream():
-                    pass
-            return _error(protocol.bad(f"the request body is larger than {MAX_BODY} bytes",
-                                       None, "request_too_large"))  # fmt: skip
-        path = request.url.path
-        if api_key and path.startswith("/v1/"):
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                return _error(APIError(401, "missing or wrong API key: send "
-                                       "'Authorization: Bearer KEY'", None, "invalid_api_key",
-                                       "authentication_error"))  # fmt: skip
-        return await call_next(request)
+    app.add_middleware(_Guard, api_key=api_key)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
