@@ -376,9 +376,10 @@ def write(summary: list[dict], meta: dict, out_dir: str) -> None:
         best = get[(auto["best_fixed"], c)]
         table = next((r for r in fixed if "static table" in r["config"]), None)
         spread = auto["vs_best_fixed_rounds"] or [float("nan")]
+        vs_table = f"{_paired(auto, table)[0]:.2f}" if table is not None else "-"  # not run
         lines.append(f"| {c} | {best['config']} | {best['throughput']:.0f} | {auto['throughput']:.0f} "
                      f"| {auto['vs_best_fixed']:.2f} ({min(spread):.2f}-{max(spread):.2f}) "
-                     f"| {auto['vs_none']:.2f} | {_paired(auto, table)[0]:.2f} |")  # fmt: skip
+                     f"| {auto['vs_none']:.2f} | {vs_table} |")  # fmt: skip
     lines += ["", "## Latency (seconds): time to first token p50 / p90, inter-token p50 / p90", "",
               "| configuration | C | TTFT p50 | TTFT p90 | ITL p50 | ITL p90 | tokens/forward | errors |",
               "|---|---|---|---|---|---|---|---|"]  # fmt: skip
