@@ -146,6 +146,19 @@ def test_suffix_draft_caps_are_settings_of_their_own():
     assert methods[6].options == {"suffix_decoding_max_spec_factor": 4.0, "use_tree_spec": True}
 
 
+def test_suffix_tokens_only_is_a_setting_beside_each_suffix_chain():
+    """--suffix-tokens-only: each suffix chain setting again without matching characters."""
+    from leapdecode.bench.runner import method_list
+
+    methods = method_list([], [], {"draft": [], "ngram": []}, False, False, suffix_ks=[16],
+                          suffix_factors=(1.0, 4.0), suffix_tokens_only=True)  # fmt: skip
+    assert [m.label for m in methods] == [
+        "none", "suffix k=16", "suffix k=16 f4", "suffix k=16 tokens-only",
+        "suffix k=16 f4 tokens-only"]  # fmt: skip
+    assert methods[4].options == {"suffix_decoding_max_spec_factor": 4.0,
+                                  "suffix_decoding_char_match": False}  # fmt: skip
+
+
 def test_assisted_generation_peer_uses_our_k(target_dir, draft_dir, hf_target):
     """transformers takes the draft length from the assistant's generation config; the peer
     must set it, or every "hf-assisted k=..." row would run transformers' default k."""

@@ -167,3 +167,26 @@ def test_embedded_heads_are_lossless(hf_pair):
         for method in ("medusa", "eagle"):
             got = dec.generate(ids, method=method, k=8, max_new_tokens=32).token_ids
             assert got == want, (prompt, method)
+
+
+def test_suffix_on_a_revision_is_lossless_and_matches_characters(hf_pair, decoder):
+    """A revision (rename an argument) through suffix decoding with its matching on the
+    text's characters on (the decoder gives it every token's characters): greedy output
+    equals transformers' own."""
+    import random
+
+    from leapdecode.code_edits import candidates, revision
+
+    target, _, tok = hf_pair
+    suffix = decoder.engine.proposers["suffix"]
+    assert suffix.token_strings is not None and len(suffix.token_strings) == target.vocab_size
+    for code in COPY_FUNCTIONS[:2]:
+        (_, snippet, names), *_ = candidates(code, min_lines=3)
+        prompt, _, _ = revision(snippet, names, random.Random(0))
+        ids = tok.encode(prompt)
+        with torch.no_grad():
+            ref = target.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False,
+                                  attention_mask=torch.ones(1, len(ids), dtype=torch.long))  # fmt: skip
+        got = decoder.generate(ids, method="suffix", k=16, max_new_tokens=48)
+        assert got.token_ids == ref[0, len(ids) :].tolist()
+        assert got.stats.accepted > 0

@@ -107,6 +107,12 @@ class LeapDecoder:
             eagle=self.speculators.get("eagle"),
         )
         self.engine  # noqa: B018 - build it now: its settings are checked here
+        suffix = self.engine.proposers.get("suffix")
+        if suffix is not None and tokenizer is not None:  # each token's characters, for
+            # matching the text on them (without a tokenizer: tokens only)
+            vocab = self.target.vocab_size
+            names = tokenizer.convert_ids_to_tokens(list(range(min(vocab, len(tokenizer)))))
+            suffix.token_strings = [n or "" for n in names] + [""] * max(0, vocab - len(names))
         self._ids = itertools.count()
 
     @classmethod

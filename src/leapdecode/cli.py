@@ -62,6 +62,9 @@ def add_draftless_args(p: argparse.ArgumentParser) -> None:
                    help="suffix: draft at most this x match length tokens (default 1.0)")  # fmt: skip
     g.add_argument("--suffix-min-token-prob", type=float, default=0.1,
                    help="suffix: stop a path below this probability (default 0.1)")  # fmt: skip
+    g.add_argument("--no-suffix-char-match", dest="suffix_char_match", action="store_false",
+                   help="suffix: match tokens only, not also the text's characters (which "
+                   "find the source again right after an edit; on by default, chains only)")  # fmt: skip
     g.add_argument("--suffix-max-tree-depth", type=int, default=24,
                    help="suffix: longest substring counted (default 24)")  # fmt: skip
     g.add_argument("--suffix-max-cached-requests", type=int, default=10_000,
@@ -89,6 +92,7 @@ def spec_options(args) -> dict:
         use_tree_spec=args.tree,
         suffix_decoding_max_spec_factor=args.suffix_max_spec_factor,
         suffix_decoding_min_token_prob=args.suffix_min_token_prob,
+        suffix_decoding_char_match=args.suffix_char_match,
         lookahead_window=args.lookahead_window,
         lookahead_ngram_size=args.lookahead_ngram_size,
         lookahead_max_candidates=args.lookahead_max_candidates,

@@ -62,6 +62,9 @@ class SpecConfig:
     # this probability. Tree depth and the global cache size are the engine's, set once.
     suffix_decoding_max_spec_factor: float = 1.0
     suffix_decoding_min_token_prob: float = 0.1
+    # suffix (leapdecode's own): also match the text's last characters, so a draft finds the
+    # source again right after an edit changed its tokens (proposers/char_lookup.py); chains
+    suffix_decoding_char_match: bool = True
     # lookahead: window W, n-gram size N (>= 3), at most G candidates verified per step
     lookahead_window: int = 3
     lookahead_ngram_size: int = 3
@@ -104,6 +107,9 @@ class SpecConfig:
             raise LeapDecodeError(
                 f"use_tree_spec must be true or false, got {self.use_tree_spec!r}"
             )
+        if not isinstance(self.suffix_decoding_char_match, bool):
+            raise LeapDecodeError("suffix_decoding_char_match must be true or false, got "
+                                  f"{self.suffix_decoding_char_match!r}")  # fmt: skip
         f = self.suffix_decoding_max_spec_factor
         if not isinstance(f, int | float) or isinstance(f, bool) or not 0 <= f <= MAX_K:
             raise LeapDecodeError(

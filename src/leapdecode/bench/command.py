@@ -89,6 +89,9 @@ def add_parsers(sub, model_args) -> None:
     run.add_argument("--draft-k", default="2,3,4,6")
     run.add_argument("--ngram-k", default="4,8,16")
     run.add_argument("--suffix-k", default="8,16", help="k for suffix (path mode)")
+    run.add_argument("--suffix-tokens-only", action="store_true",
+                     help="also run each suffix setting matching tokens only (without the "
+                     "text's characters), for comparison")  # fmt: skip
     run.add_argument("--suffix-spec-factor", default="1", metavar="F,...",
                      help="suffix's draft caps tried at each k: at most F x the match length "
                      "(suffix_decoding_max_spec_factor; default 1, as vLLM)")  # fmt: skip
@@ -202,7 +205,7 @@ def cmd_run(args) -> int:
                                  tree_ks, suffix_ks, lookaheads,
                                  medusa_ks if "medusa" in heads else (),
                                  eagle_ks if "eagle" in heads else (), eagle_depths,
-                                 factors)  # fmt: skip
+                                 factors, args.suffix_tokens_only)  # fmt: skip
     if args.methods:
         keep = {m.strip() for m in args.methods.split(",") if m.strip()}
         unknown = keep - {*runner.OURS, *runner.PEERS}

@@ -80,10 +80,13 @@ class Method:
                     f"G{o['lookahead_max_candidates']}")  # fmt: skip
         if self.name == "eagle" and self.opts:
             return f"eagle k={self.k} d{dict(self.opts)['speculative_num_steps']}"
+        label = f"{self.name} k={self.k}"
         factor = dict(self.opts).get("suffix_decoding_max_spec_factor")
         if factor is not None:  # suffix with a draft cap other than the default
-            return f"{self.name} k={self.k} f{factor:g}"
-        return f"{self.name} k={self.k}"
+            label += f" f{factor:g}"
+        if dict(self.opts).get("suffix_decoding_char_match") is False:
+            label += " tokens-only"
+        return label
 
     @property
     def ours(self) -> bool:
@@ -124,10 +127,12 @@ class Record:
 
 def method_list(draft_ks, ngram_ks, peer_ks, with_draft: bool, with_peers: bool,
                 tree_ks=(), suffix_ks=(), lookaheads=(), medusa_ks=(),
-                eagle_ks=(), eagle_depths=(4,), suffix_factors=(1.0,)) -> list[Method]:  # fmt: skip
+                eagle_ks=(), eagle_depths=(4,), suffix_factors=(1.0,),
+                suffix_tokens_only=False) -> list[Method]:  # fmt: skip
     """lookaheads: (W, N, G) triples; medusa_ks / eagle_ks: tree sizes (empty: no heads);
     eagle_depths: the eagle tree's depths (speculative_num_steps) tried at each size;
-    suffix_factors: suffix's draft caps (suffix_decoding_max_spec_factor) tried at each k."""
+    suffix_factors: suffix's draft caps (suffix_decoding_max_spec_factor) tried at each k;
+    suffix_tokens_only: each suffix chain setting also without matching characters."""
     methods = [Method("none")]
     if with_draft:
         methods += [Method("draft", k) for k in draft_ks]
@@ -139,6 +144,9 @@ def method_list(draft_ks, ngram_ks, peer_ks, with_draft: bool, with_peers: bool,
             ("suffix_decoding_max_spec_factor", f),)  # fmt: skip
 
     methods += [Method("suffix", k, factor(f)) for k in suffix_ks for f in suffix_factors]
+    if suffix_tokens_only:
+        methods += [Method("suffix", k, factor(f) + (("suffix_decoding_char_match", False),))
+                    for k in suffix_ks for f in suffix_factors]  # fmt: skip
     methods += [Method("suffix-tree", k, factor(f)) for k in tree_ks for f in suffix_factors]
     methods += [lookahead(*wng) for wng in lookaheads]
     methods += [Method("medusa", k) for k in medusa_ks]

@@ -28,6 +28,7 @@ from collections import OrderedDict, deque
 
 from ..sequence import Sequence
 from .base import Drafts, Proposer
+from .char_lookup import CharIndex
 
 
 class Node:
@@ -260,6 +261,10 @@ class SuffixProposer(Proposer):
         self.global_tree = SuffixTree(max_depth)
         self.global_order: OrderedDict = OrderedDict()  # FIFO of cached requests' ids
         self.memo: dict = {}  # sequence id -> (its length, k, draft) of its last speculation
+        # Each token's characters (LeapDecoder sets them from the tokenizer): with them a
+        # request's text is also matched on characters (char_lookup.py).
+        self.token_strings: list[str] | None = None
+        self.chars: dict[int, CharIndex] = {}
         self.clock = itertools.count()
         # While frozen (the sequential benchmark), running requests do not enter the global
         # tree: it holds only what `cache_output` adds, so a prompt's repeated runs never
@@ -276,6 +281,9 @@ class SuffixProposer(Proposer):
                 continue
             self.local[seq.id] = tree = SuffixTree(self.max_depth)
             tree.extend(0, seq.tokens[: seq.prompt_len])
+            if self.token_strings is not None and seq.spec.suffix_decoding_char_match:
+                self.chars[seq.id] = CharIndex(self.token_strings)
+                self.chars[seq.id].extend(seq.tokens[: seq.prompt_len])
             self.synced[seq.id] = seq.prompt_len  # the global tree holds outputs only
             if self.max_cached > 0 and not self.frozen:
                 self._cache(seq.id)
@@ -287,6 +295,8 @@ class SuffixProposer(Proposer):
         have = len(local.tokens.get(0, ()))
         if have < len(seq.tokens):
             local.extend(0, seq.tokens[have:])
+            if seq.id in self.chars:
+                self.chars[seq.id].extend(seq.tokens[have:])
         self._sync_global(seq)
 
     def _sync_global(self, seq: Sequence) -> None:
@@ -332,6 +342,14 @@ class SuffixProposer(Proposer):
             got = tree.draft(at, limit, spec.suffix_decoding_min_token_prob, spec.use_tree_spec)
             if got[2] > best[2] or (got[2] == best[2] and len(got[0]) > len(best[0])):
                 best = got
+        chars = self.chars.get(seq.id)
+        if chars is not None and not spec.use_tree_spec and len(best[0]) < k:
+            # the text's last characters, where they end a token earlier: what followed
+            # there, when longer than the trie's draft (char_lookup.py)
+            start = chars.match()
+            if start >= 0 and len(seq.tokens) - start > len(best[0]):
+                draft = seq.tokens[start : start + k]
+                best = (draft, list(range(len(draft))), float(len(draft)))
         return best
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Drafts:
@@ -362,3 +380,4 @@ class SuffixProposer(Proposer):
             self.local.pop(seq.id, None)
             self.synced.pop(seq.id, None)
             self.memo.pop(seq.id, None)
+            self.chars.pop(seq.id, None)
