@@ -18,6 +18,10 @@ while the path probability (product of child count / parent count) stays >= min_
 the most frequent child only (path mode), or best-first over all children (tree mode,
 `use_tree_spec`). Each draft's score is the sum of its nodes' probabilities (its expected
 accepted length); the best score over both tries and every m wins.
+
+leapdecode's own addition (chains, `suffix_decoding_char_match`): the request's text is also
+matched on its characters (char_lookup.py), which finds the source again right after an edit
+changed the tokens; that draft wins when it is longer.
 """
 
 from __future__ import annotations
