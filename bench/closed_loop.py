@@ -35,6 +35,10 @@ CONFIGS = {
     "auto-no-draft": dict(
         method="auto", num_speculative_tokens=4, auto_methods=("ngram", "suffix")
     ),
+    # the static batch-size -> k table of `leapdecode bench serve` (bench/serve.py STATIC_TABLE)
+    "draft-table": dict(method="draft", num_speculative_tokens=4,
+                        num_speculative_tokens_per_batch_size=((1, 4), (2, 3), (4, 2), (8, 1),
+                                                               (16, 0))),
     # auto with one acceptance estimate per method (no buckets by the kind of draft offered)
     "auto-flat": dict(method="auto", num_speculative_tokens=4),
 }
