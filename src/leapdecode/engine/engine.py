@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
 
 import torch
 
@@ -107,10 +106,6 @@ class Engine:
         self.running: list[Sequence] = []
         self.free_slots: list[int] = list(range(max_num_seqs))
         self.last_step_ks: list[int] = []  # drafts per sequence in the last decode step
-        # Called just before each target forward (the server hands the last step's tokens
-        # to its HTTP thread there: that thread's Python then runs while the forward holds
-        # no GIL, not while this thread plans in Python).
-        self.before_forward: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ service
     def allocate(self) -> None:
@@ -255,8 +250,6 @@ class Engine:
 
     def _forward(self, inputs, slots, want: HiddenRequest, **kw):
         """The target's forward: (logits, ForwardOutput or None)."""
-        if self.before_forward is not None:
-            self.before_forward()
         if not want:
             return self.target.forward(inputs, slots, **kw), None
         outs = self.target.forward_outputs(inputs, slots, want, **kw)

@@ -33,11 +33,8 @@ class _Sink:
         self.loop = loop
         self.queue: asyncio.Queue[Event] = asyncio.Queue()
 
-
-def _deliver(batch: list[tuple[_Sink, Event]]) -> None:
-    """On the event loop: hand each event to its request."""
-    for sink, event in batch:
-        sink.queue.put_nowait(event)
+    def put(self, event: Event) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
 
 class EngineWorker:
@@ -52,13 +49,6 @@ class EngineWorker:
         self.wake = threading.Event()
         self.stopped = False
         self.thread = threading.Thread(target=self._loop, name="leapdecode-engine", daemon=True)
-        # A step's events go to the event loop in one batch (one wake-up), sent when the next
-        # step's first forward starts (engine.before_forward) or when no step follows: the
-        # loop's Python (detokenising, SSE chunks) then overlaps the forward, which releases
-        # the GIL, instead of stretching the next step's planning, which holds it (at 16
-        # streams `auto`'s plan took 5.5 ms a step in the server against ~1.5 ms alone).
-        self.outbox: list[tuple[_Sink, Event]] = []
-        engine.before_forward = self._flush
 
     def start(self) -> None:
         self.thread.start()
@@ -105,25 +95,16 @@ class EngineWorker:
                 if seq is not None:
                     self._finish(seq, "abort")
 
-    def _send(self, sink: _Sink, event: Event) -> None:
-        self.outbox.append((sink, event))
-
-    def _flush(self) -> None:
-        if self.outbox:
-            batch, self.outbox = self.outbox, []
-            batch[0][0].loop.call_soon_threadsafe(_deliver, batch)  # one loop for all sinks
-
     def _finish(self, seq: Sequence, status: str, error: str | None = None) -> None:
         sink = self.sinks.pop(seq.id, None)
         self.metrics.on_finish(seq, status)
         if sink is not None:
-            self._send(sink, Event([], True, error))
+            sink.put(Event([], True, error))
 
     def _loop(self) -> None:
         while not self.stopped:
             self._drain()
             if not self.engine.has_unfinished():
-                self._flush()
                 self.metrics.running.set(0)
                 self.metrics.waiting.set(0)
                 self.wake.wait(timeout=0.5)
@@ -136,7 +117,6 @@ class EngineWorker:
                 for seq in list(self.engine.running) + list(self.engine.waiting):
                     self.engine.abort(seq.id)
                     self._finish(seq, "error", f"internal error: {type(e).__name__}: {e}")
-                self._flush()
                 continue
             for seq, toks in out:
                 sink = self.sinks.get(seq.id)
@@ -145,6 +125,4 @@ class EngineWorker:
                 if seq.finished:
                     self.sinks.pop(seq.id)
                     self.metrics.on_finish(seq, seq.finish_reason or "length")
-                self._send(sink, Event(toks, seq.finished))
-            if not self.engine.running and not self.engine.waiting:
-                self._flush()  # no forward comes next to send them
+                sink.put(Event(toks, seq.finished))
