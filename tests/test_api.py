@@ -99,6 +99,8 @@ def test_generation_up_to_the_context_limit(decoder):
         ({"prompt": "x", "method": "magic"}, "unknown method"),
         ({"prompt": "x", "method": "ngram", "ngram_min": 3, "ngram_max": 2}, "n-gram"),
         ({"prompt": "x", "stop": [""]}, "stop strings"),
+        ({"prompt": "x", "seed": 2**70, "temperature": 1.0}, "seed must be an integer from"),
+        ({"prompt": "x", "seed": -(2**63) - 1}, "seed must be an integer from"),
         ({"prompt": "y " * 300}, "context"),
     ],
 )

@@ -189,6 +189,8 @@ BAD = [
     (json.dumps({"prompt": "x", "n": 2}).encode(), 400, "n"),
     (json.dumps({"prompt": "x", "stream": "yes"}).encode(), 400, "stream"),
     (json.dumps({"prompt": "x", "stop": [""]}).encode(), 400, "stop"),
+    (json.dumps({"prompt": "x", "seed": 10**23}).encode(), 400, "seed"),  # past torch's range
+    (json.dumps({"prompt": "x", "seed": 2**64, "stream": True}).encode(), 400, "seed"),
     (json.dumps({"prompt": "x", "speculation": {"method": "magic"}}).encode(), 400,
      "speculation.method"),
     (json.dumps({"prompt": "x", "speculation": {"num_speculative_tokens": 99}}).encode(), 400,

@@ -21,6 +21,9 @@ MAX_K = 64  # the most draft tokens a step may verify per sequence
 MAX_TOP_K = 1_000_000
 
 
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # torch.Generator.manual_seed's range
+
+
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -41,8 +44,12 @@ class SamplingParams:
         p = self.top_p
         if not isinstance(p, int | float) or isinstance(p, bool) or math.isnan(p) or not 0 < p <= 1:
             raise LeapDecodeError(f"top-p must be in (0, 1] (1 = off), got {p!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            raise LeapDecodeError(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and (not _is_int(self.seed)
+                                      or not SEED_MIN <= self.seed <= SEED_MAX):  # fmt: skip
+            raise LeapDecodeError(
+                f"seed must be an integer from {SEED_MIN} to {SEED_MAX} (what torch's "
+                f"generators take), got {self.seed!r}"
+            )
 
     @property
     def greedy(self) -> bool:
