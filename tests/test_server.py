@@ -390,3 +390,20 @@ def test_bench_serve_ratios_pair_the_rounds():
     assert out["auto"]["vs_best_fixed"] == pytest.approx(0.95)
     assert out["auto"]["vs_best_fixed_rounds"] == [0.95, 0.95, 0.95]
     assert out["ngram k=8"]["vs_none"] == pytest.approx(2.0)
+
+
+def test_a_port_in_use_or_a_bad_host_is_one_clear_line_before_any_model_loads():
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        for args, needle in ((["--port", str(port)], "choose another --port"),
+                             (["--host", "999.1.1.1"], "is not an address")):  # fmt: skip
+            t0 = time.perf_counter()
+            out = subprocess.run([sys.executable, "-m", "leapdecode", "serve", *args,
+                                  "--target", "/nonexistent"], capture_output=True, text=True,
+                                 timeout=60)  # fmt: skip
+            assert out.returncode == 2, out.stderr
+            assert needle in out.stderr and "Traceback" not in out.stderr
+            assert "serving" not in out.stdout  # it never claimed to serve
+            assert time.perf_counter() - t0 < 30  # no model was loaded (the target is bogus)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 from ..cli import add_draftless_args, engine_options, spec_options
@@ -50,6 +51,28 @@ SWITCH_INTERVAL_S = 0.0005
 GC_THRESHOLDS = (50_000, 20, 100)
 
 
+def bind(host: str, port: int):
+    """The listening socket, bound before the models load, so a port in use or a bad host is
+    a one-line error at once (uvicorn would report it after the load, as its own log line)."""
+    import socket
+
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise LeapDecodeError(f"--host {host!r} is not an address this machine can bind "
+                              f"({e}): use an IP address such as 127.0.0.1 or 0.0.0.0") from None  # fmt: skip
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        hint = ("another process is listening there: choose another --port, or stop it"
+                if e.errno == errno.EADDRINUSE else "choose another --host / --port")  # fmt: skip
+        raise LeapDecodeError(f"cannot listen on {host}:{port}: {e.strerror}: {hint}") from None
+    return sock
+
+
 def cmd_serve(args) -> int:
     import gc
     import sys
@@ -64,6 +87,7 @@ def cmd_serve(args) -> int:
         raise LeapDecodeError(f"--port must be in 1..65535, got {args.port}")
     if args.max_queue < 1:
         raise LeapDecodeError("--max-queue must be >= 1")
+    sock = bind(args.host, args.port)
     table = parse_k_table(args.k_per_batch_size) if args.k_per_batch_size else ()
     spec = SpecConfig(method=args.speculation, num_speculative_tokens=args.k,
                       prompt_lookup_min=args.ngram_min, prompt_lookup_max=args.ngram_max,
@@ -89,5 +113,6 @@ def cmd_serve(args) -> int:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server.run(sockets=[sock])
     return 0
