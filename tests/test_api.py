@@ -127,3 +127,24 @@ def test_draft_method_without_draft(target_dir):
     dec = LeapDecoder.from_pretrained(target_dir)
     with pytest.raises(LeapDecodeError, match="needs a draft"):
         dec.generate("x", method="draft")
+
+
+def test_a_draft_folders_suggested_vocabulary_gives_way_on_the_transformers_backend(
+        tmp_path_factory, tok_dir, target_dir, hf_target):  # fmt: skip
+    """The folder's draft_vocab.json is only a suggestion: the transformers backend, which
+    cannot cut the draft's head, runs the whole vocabulary instead of refusing; asked for
+    explicitly, a reduced head is still a clear error there."""
+    from leapdecode.proposers.draft_model import write_vocab_ranking
+
+    path = str(tmp_path_factory.mktemp("ranked_draft"))
+    helpers.make_noisy_copy(hf_target, path, noise=0.02, seed=1, tokenizer_dir=tok_dir)
+    write_vocab_ranking(path, list(range(helpers.VOCAB)) * 2, helpers.VOCAB, 64, "test")
+    dec = LeapDecoder.from_pretrained(target_dir, draft=path, backend="transformers")
+    ids = dec.tokenizer.encode("for i in range(3):")
+    out = dec.generate(ids, method="draft", k=3, max_new_tokens=12)
+    with torch.no_grad():
+        ref = hf_target.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
+                                 attention_mask=torch.ones(1, len(ids), dtype=torch.long))  # fmt: skip
+    assert out.token_ids == ref[0, len(ids) :].tolist()
+    with pytest.raises(LeapDecodeError, match="needs the native backend"):
+        LeapDecoder.from_pretrained(target_dir, draft=path, backend="transformers", draft_vocab=64)

@@ -222,7 +222,12 @@ class LeapDecoder:
             self.draft.restrict_head(None)
             return
         ids = torch.tensor(sorted(ranking["ranked_token_ids"][:n]), dtype=torch.long)
-        self.draft.restrict_head(ids)
+        try:
+            self.draft.restrict_head(ids)
+        except LeapDecodeError:
+            if draft_vocab is not None:  # asked for by the caller: say it cannot be had
+                raise
+            self.draft.restrict_head(None)  # only the folder's suggestion: the whole vocabulary
 
     def request(
         self,
