@@ -31,7 +31,7 @@ def check_contract(obj):
         assert isinstance(obj["stats"][key], typ), key
 
 
-@pytest.mark.parametrize("method", ["none", "draft", "ngram"])
+@pytest.mark.parametrize("method", ["none", "draft", "ngram", "auto"])
 def test_json_one_object_per_prompt(capsys, tmp_path, target_dir, draft_dir, method):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(
@@ -49,6 +49,8 @@ def test_json_one_object_per_prompt(capsys, tmp_path, target_dir, draft_dir, met
         check_contract(obj)
         assert len(obj["token_ids"]) == 12 or obj["finish_reason"] == "stop"
         assert obj["stats"]["draft_forwards"] > 0 if method == "draft" else True
+    # auto's one-off profiling is announced on stderr (stdout stays one JSON object a line)
+    assert ("profiling the step costs" in err) == (method == "auto")
 
 
 def test_plain_output_prints_prompt_and_completion(capsys, target_dir):

@@ -372,6 +372,14 @@ def test_export_matches_the_documented_schema_and_computes_the_same(tmp_path, to
     out = str(tmp_path / "export")
     assert main(["export", "--format", "speculators", "--speculator", head_dir, "--target",
                  target_dir, "--out", out, "--dtype", "float32"]) == 0  # fmt: skip
+    # the weights are as readable as the config (safetensors alone writes them 0600)
+    mode = os.stat(os.path.join(out, "model.safetensors")).st_mode & 0o777
+    assert mode == os.stat(os.path.join(out, "config.json")).st_mode & 0o777
+    # a folder that cannot be written is a clear error, not an internal one
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    assert main(["export", "--speculator", head_dir, "--target", target_dir,
+                 "--out", str(blocked / "sub")]) == 2  # fmt: skip
     cfg = json.load(open(os.path.join(out, "config.json")))
     assert cfg["speculators_model_type"] == "eagle3"
     assert cfg["architectures"] == ["Eagle3Speculator"]

@@ -257,6 +257,10 @@ def cmd_generate(args) -> int:
         draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab if draft else None,
         threads=args.threads, speculators=args.speculator, **engine_options(args),
     )  # fmt: skip
+    if args.method == "auto":  # its cost model is profiled once, before the first step
+        print("leapdecode: profiling the step costs for auto (a few seconds)...",
+              file=sys.stderr, flush=True)  # fmt: skip
+        decoder.engine.scheduler.ensure_cost_model()
     for prompt in prompts:
         result = decoder.generate(
             prompt,

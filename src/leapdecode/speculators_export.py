@@ -124,11 +124,23 @@ def export_speculators(head_dir: str, target_dir: str, out: str, verifier: str |
         "torch_dtype": dtype,
         "tie_word_embeddings": False,
     }
-    os.makedirs(out, exist_ok=True)
-    save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(config, f, indent=1)
+    try:
+        os.makedirs(out, exist_ok=True)
+        weights = os.path.join(out, "model.safetensors")
+        save_file(tensors, weights, metadata={"format": "pt"})
+        os.chmod(weights, 0o666 & ~_umask())  # safetensors writes 0600: as config.json instead
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump(config, f, indent=1)
+    except OSError as e:
+        raise LeapDecodeError(f"cannot write the export to {out!r}: {e.strerror or e}: "
+                              "choose a writable --out folder") from None  # fmt: skip
     return config
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _target_embeddings(target_dir: str) -> torch.Tensor:
