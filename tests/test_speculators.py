@@ -306,6 +306,14 @@ def test_errors_say_what_to_do(target_dir, tmp_path, heads):
     bare = LeapDecoder.from_pretrained(target_dir, speculators=[])
     with pytest.raises(LeapDecodeError, match="--speculator"):
         bare.generate("def f():", method="eagle")
+    # the other kind loaded: the message says which one is, not only "pass --speculator"
+    only_eagle = LeapDecoder.from_pretrained(target_dir, speculators=[heads[1]])
+    with pytest.raises(LeapDecodeError, match=r"needs Medusa heads.*\(only eagle\)"):
+        only_eagle.generate("def f():", method="medusa")
+    # the transformers backend with heads beside the target: the real reason, not a hint
+    hf = LeapDecoder.from_pretrained(target_dir, backend="transformers")
+    with pytest.raises(LeapDecodeError, match="transformers backend lacks: use --backend native"):
+        hf.generate("def f():", method="eagle")
     with pytest.raises(LeapDecodeError, match="backend native"):
         LeapDecoder.from_pretrained(target_dir, backend="transformers", speculators=[heads[0]])
     with pytest.raises(LeapDecodeError, match="train medusa"):

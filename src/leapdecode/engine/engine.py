@@ -122,11 +122,20 @@ class Engine:
         """Refuse a request this engine cannot run (before it is queued)."""
         if spec.method == "draft" and self.draft is None:
             raise LeapDecodeError("method 'draft' needs a draft model: pass --draft PATH")
-        if spec.method in ("medusa", "eagle") and spec.method not in self.proposers:
+        heads = ("medusa", "eagle")
+        if spec.method in heads and self.target.name != "native":  # the reason, not a hint
             raise LeapDecodeError(
-                f"method {spec.method!r} needs trained heads: pass --speculator PATH (or put "
-                f"them beside the target as <target>-{spec.method}; `leapdecode train "
-                f"{spec.method}` makes them)"
+                f"{spec.method} needs the target's hidden states and tree attention, which the "
+                f"{self.target.name} backend lacks: use --backend native"
+            )
+        if spec.method in heads and spec.method not in self.proposers:
+            loaded = [h for h in heads if h in self.proposers]
+            what = {"medusa": "Medusa heads", "eagle": "an EAGLE head"}[spec.method]
+            raise LeapDecodeError(
+                f"method {spec.method!r} needs {what}, and none is loaded"
+                + (f" (only {' and '.join(loaded)})" if loaded else "")
+                + f": pass --speculator PATH to a folder `leapdecode train {spec.method}` "
+                f"wrote (or put it beside the target as <target>-{spec.method})"
             )
         tree = spec.method in ("lookahead", "medusa", "eagle") or (
             spec.use_tree_spec and (spec.may_use("ngram") or spec.may_use("suffix")))  # fmt: skip
