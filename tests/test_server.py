@@ -91,6 +91,7 @@ def test_token_prompt_and_per_request_speculation(client, decoder):
         )  # fmt: skip
         assert out.choices[0].text == decoder.generate(ids, max_new_tokens=10).text
         assert out.model_extra["speculation"]["method"] == method
+        assert out.model_extra["speculation"]["num_speculative_tokens"] == (method != "none") * 3
     for spec in ({"method": "ngram", "use_tree_spec": True, "prompt_lookup_min": 1},
                  {"method": "suffix", "use_tree_spec": True, "suffix_decoding_min_token_prob": 0},
                  {"method": "lookahead", "lookahead_window": 2, "lookahead_max_candidates": 2,
@@ -215,6 +216,7 @@ def test_bad_input_is_a_clear_4xx_and_the_server_keeps_serving(server, client, b
     assert set(err) == {"message", "type", "param", "code"} and err["message"]
     if param is not None:
         assert param in (err["param"] or ""), err
+    assert "max_new_tokens" not in err["message"]  # fields named as the request names them
     ok = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0)
     assert ok.choices[0].text is not None
 

@@ -173,8 +173,9 @@ def create_app(decoder: LeapDecoder, spec: SpecConfig, model_name: str, max_queu
             if req.spec_fields:
                 seq_spec = dataclasses.replace(seq_spec, **req.spec_fields)
             return decoder.request(prompt, spec=seq_spec, **req.options())
-        except LeapDecodeError as e:
-            raise protocol.bad(str(e), _param_of(str(e))) from None
+        except LeapDecodeError as e:  # named as the request names it
+            message = str(e).replace("max_new_tokens", "max_tokens")
+            raise protocol.bad(message, _param_of(str(e))) from None
 
     async def _run(request: Request, req: GenerationRequest, prompt, kind: str):
         seq = _sequence(req, prompt)
@@ -196,7 +197,8 @@ def create_app(decoder: LeapDecoder, spec: SpecConfig, model_name: str, max_queu
 
     def _spec_stats(seq) -> dict:
         s = seq.stats.as_dict()
-        return {"method": seq.spec.method, "num_speculative_tokens": seq.spec.num_speculative_tokens,
+        k = 0 if seq.spec.method == "none" else seq.spec.num_speculative_tokens
+        return {"method": seq.spec.method, "num_speculative_tokens": k,
                 **{k: s[k] for k in ("proposed", "accepted", "acceptance_rate",
                                      "mean_accepted_tokens", "target_forwards")}}  # fmt: skip
 
