@@ -175,3 +175,14 @@ def test_subprocess_json_and_error(target_dir, draft_dir, tmp_path):
     assert bad.returncode == 2
     assert "Traceback" not in bad.stderr
     assert bad.stderr.strip().startswith("leapdecode: error:")
+
+
+def test_errors_name_the_flags_the_user_typed(capsys, target_dir):
+    for argv, flag in ((["--method", "suffix", "--suffix-min-token-prob", "2"],
+                        "--suffix-min-token-prob must be"),
+                       (["--draft-min-prob", "5"], "--draft-min-prob must be"),
+                       (["--max-new-tokens", "100000"], "lower --max-new-tokens")):  # fmt: skip
+        code, _, err = run_cli(capsys, "generate", "--target", target_dir, *argv, "x")
+        assert code == 2 and flag in err, err
+        assert not any(name in err for name in ("suffix_decoding", "draft_min_prob",
+                                                "max_new_tokens"))  # no API field names

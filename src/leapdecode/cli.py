@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 
 from .config import AUTO_CHOICES, AUTO_DEFAULT, METHODS, SpecConfig
@@ -100,6 +101,26 @@ def spec_options(args) -> dict:
         speculative_eagle_topk=args.speculative_eagle_topk,
         auto_methods=args.auto_methods,
     )
+
+
+# SpecConfig / API names in error messages -> the flags a CLI user typed
+FLAG_NAMES = {
+    "use_tree_spec": "--tree", "suffix_decoding_max_spec_factor": "--suffix-max-spec-factor",
+    "suffix_decoding_min_token_prob": "--suffix-min-token-prob",
+    "suffix_decoding_max_tree_depth": "--suffix-max-tree-depth",
+    "suffix_decoding_max_cached_requests": "--suffix-max-cached-requests",
+    "lookahead_window": "--lookahead-window", "lookahead_ngram_size": "--lookahead-ngram-size",
+    "lookahead_max_candidates": "--lookahead-max-candidates",
+    "speculative_num_steps": "--speculative-num-steps",
+    "speculative_eagle_topk": "--speculative-eagle-topk", "draft_min_prob": "--draft-min-prob",
+    "max_new_tokens": "--max-new-tokens",
+}  # fmt: skip
+
+
+def _flag_names(message: str) -> str:
+    """An error message with the API's field names as the CLI's flags."""
+    return re.sub(r"\b(" + "|".join(sorted(FLAG_NAMES, key=len, reverse=True)) + r")\b",
+                  lambda m: FLAG_NAMES[m.group(1)], message)  # fmt: skip
 
 
 def engine_options(args) -> dict:
@@ -339,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except LeapDecodeError as e:
-        print(f"leapdecode: error: {e}", file=sys.stderr)
+        print(f"leapdecode: error: {_flag_names(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
