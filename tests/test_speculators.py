@@ -71,7 +71,7 @@ def test_eagle_training_continues_from_a_trained_head(heads, target_dir, tmp_pat
         assert main(argv) == 0
         capsys.readouterr()
         assert main(argv[:-1] + [medusa]) == 2  # a clear error, not a traceback
-        assert "is not an Eagle3Head config" in capsys.readouterr().err
+        assert "holds MedusaHeads (Medusa heads), not an EAGLE-3 head" in capsys.readouterr().err
     finally:
         torch.set_num_threads(threads)
     first = lambda run: json.loads(open(run + "/log.jsonl").readline())["loss"]  # noqa: E731
@@ -310,6 +310,8 @@ def test_errors_say_what_to_do(target_dir, tmp_path, heads):
     only_eagle = LeapDecoder.from_pretrained(target_dir, speculators=[heads[1]])
     with pytest.raises(LeapDecodeError, match=r"needs Medusa heads.*\(only eagle\)"):
         only_eagle.generate("def f():", method="medusa")
+    with pytest.raises(LeapDecodeError, match="holds an EAGLE head, not a language model"):
+        LeapDecoder.from_pretrained(target_dir, draft=heads[1])  # a head passed as the draft
     # the transformers backend with heads beside the target: the real reason, not a hint
     hf = LeapDecoder.from_pretrained(target_dir, backend="transformers")
     with pytest.raises(LeapDecodeError, match="transformers backend lacks: use --backend native"):

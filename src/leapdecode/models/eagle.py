@@ -177,7 +177,10 @@ class Eagle3Head(nn.Module):
     def load(cls, path: str) -> Eagle3Head:
         c, state = read_folder(path, "an EAGLE head", "eagle")
         if c.get("architectures") != ["Eagle3Head"]:
-            raise LeapDecodeError(f"{path}/config.json is not an Eagle3Head config (architectures)")
+            arch = (c.get("architectures") or ["nothing"])[0]
+            what = " (Medusa heads)" if arch == "MedusaHeads" else ""
+            raise LeapDecodeError(f"{path} holds {arch}{what}, not an EAGLE-3 head: pass the "
+                                  "folder `leapdecode train eagle` wrote")  # fmt: skip
         try:
             d2t = state.pop("d2t")
             ids = d2t + torch.arange(len(d2t))

@@ -78,8 +78,19 @@ def check_model_dir(path: str, what: str = "model") -> str:
 
 
 def load_config(path: str):
+    import json
+
     from transformers import AutoConfig
 
+    try:  # a speculator folder given as a model: say what it is and where it goes
+        with open(os.path.join(path, "config.json")) as f:
+            arch = (json.load(f).get("architectures") or [""])[0]
+    except (OSError, ValueError, AttributeError, TypeError, IndexError):
+        arch = ""
+    if arch in ("Eagle3Head", "MedusaHeads"):
+        kind = "an EAGLE head" if arch == "Eagle3Head" else "Medusa heads"
+        raise LeapDecodeError(f"{path!r} holds {kind}, not a language model: pass it with "
+                              "--speculator PATH (API: speculators=[PATH])")  # fmt: skip
     try:
         return AutoConfig.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds
