@@ -115,11 +115,11 @@ def bad_cases(tmp_path, target_dir, draft_dir, other_draft):
             "cannot read",
         ),
         "no prompt": (t, "no prompt"),
-        "zero max tokens": (t + ["--max-new-tokens", "0", "x"], "max_new_tokens"),
+        "zero max tokens": (t + ["--max-new-tokens", "0", "x"], "--max-new-tokens"),
         "non-integer k": (t + ["--k", "two", "x"], "invalid int"),
         "unknown method": (t + ["--method", "magic", "x"], "invalid choice"),
         "cuda on a CPU machine": (t + ["--device", "cuda", "x"], "CUDA"),
-        "draft confidence of one": (t + ["--draft-min-prob", "1", "x"], "draft_min_prob"),
+        "draft confidence of one": (t + ["--draft-min-prob", "1", "x"], "--draft-min-prob"),
         "unknown draft dtype": (t + ["--draft-dtype", "int3", "x"], "invalid choice"),
         "unknown auto method": (
             t + ["--method", "auto", "--auto-methods", "magic", "x"],

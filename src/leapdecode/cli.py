@@ -360,7 +360,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except LeapDecodeError as e:
-        print(f"leapdecode: error: {_flag_names(str(e))}", file=sys.stderr)
+        # generate and serve take the SpecConfig fields as FLAG_NAMES' flags (bench run has
+        # its own sweep flags, train its own: their messages stay as raised)
+        message = _flag_names(str(e)) if args.command in ("generate", "serve") else str(e)
+        print(f"leapdecode: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
