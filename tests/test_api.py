@@ -148,3 +148,10 @@ def test_a_draft_folders_suggested_vocabulary_gives_way_on_the_transformers_back
     assert out.token_ids == ref[0, len(ids) :].tolist()
     with pytest.raises(LeapDecodeError, match="needs the native backend"):
         LeapDecoder.from_pretrained(target_dir, draft=path, backend="transformers", draft_vocab=64)
+
+
+def test_a_batch_seed_must_leave_room_for_every_row(decoder):
+    with pytest.raises(LeapDecodeError, match="row i takes seed \\+ i"):
+        decoder.generate_batch(["x", "y"], seed=2**64 - 1, temperature=1.0, max_new_tokens=2)
+    with pytest.raises(LeapDecodeError, match="seed must be an integer"):
+        decoder.generate_batch(["x"], seed="1", max_new_tokens=2)

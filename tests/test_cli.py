@@ -186,3 +186,18 @@ def test_errors_name_the_flags_the_user_typed(capsys, target_dir):
         assert code == 2 and flag in err, err
         assert not any(name in err for name in ("suffix_decoding", "draft_min_prob",
                                                 "max_new_tokens"))  # no API field names
+
+
+def test_auto_checks_every_option_before_profiling(capsys, target_dir):
+    code, _, err = run_cli(capsys, "generate", "--target", target_dir, "--method", "auto",
+                           "--max-new-tokens", "0", "x")  # fmt: skip
+    assert code == 2 and "--max-new-tokens" in err
+    assert "profiling" not in err  # refused before the cost model's profile
+
+
+def test_flag_names_leave_paths_alone():
+    from leapdecode.cli import _flag_names
+
+    assert _flag_names("draft_min_prob must be") == "--draft-min-prob must be"
+    msg = "cannot read prompts file '/tmp/max_new_tokens.jsonl' (run draft_min_prob-run)"
+    assert _flag_names(msg) == msg

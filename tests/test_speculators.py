@@ -390,6 +390,9 @@ def test_export_matches_the_documented_schema_and_computes_the_same(tmp_path, to
     blocked.write_text("")
     assert main(["export", "--speculator", head_dir, "--target", target_dir,
                  "--out", str(blocked / "sub")]) == 2  # fmt: skip
+    (tmp_path / "taken" / "model.safetensors").mkdir(parents=True)  # safetensors' own error
+    assert main(["export", "--speculator", head_dir, "--target", target_dir,
+                 "--out", str(tmp_path / "taken")]) == 2  # fmt: skip
     cfg = json.load(open(os.path.join(out, "config.json")))
     assert cfg["speculators_model_type"] == "eagle3"
     assert cfg["architectures"] == ["Eagle3Speculator"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import MAX_K, METHODS, SamplingParams, SpecConfig, spec_field_names
+from .config import MAX_K, METHODS, SEED_MAX, SamplingParams, SpecConfig, spec_field_names
 from .engine import Engine
 from .errors import LeapDecodeError
 from .metrics import RequestStats
@@ -339,6 +339,13 @@ class LeapDecoder:
         if not prompts:
             raise LeapDecodeError("no prompts given")
         seed = options.pop("seed", None)
+        if seed is not None:  # rows take seed .. seed + n - 1: the whole range must be valid
+            SamplingParams(seed=seed)  # an integer in range, or a clear error
+            if seed + len(prompts) - 1 > SEED_MAX:
+                raise LeapDecodeError(
+                    f"seed {seed} is too large for {len(prompts)} prompts: row i takes seed + i, "
+                    f"which must stay <= {SEED_MAX}"
+                )
         seqs = [self.request(p, seed=None if seed is None else seed + i, **options)
                 for i, p in enumerate(prompts)]  # fmt: skip
         for _ in self._run(seqs):

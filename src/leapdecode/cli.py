@@ -119,7 +119,9 @@ FLAG_NAMES = {
 
 def _flag_names(message: str) -> str:
     """An error message with the API's field names as the CLI's flags."""
-    return re.sub(r"\b(" + "|".join(sorted(FLAG_NAMES, key=len, reverse=True)) + r")\b",
+    # whole names only, not inside a path or a longer name ("/tmp/max_new_tokens.jsonl")
+    return re.sub(r"(?<![\w/.-])(" + "|".join(sorted(FLAG_NAMES, key=len, reverse=True))
+                  + r")(?![\w/.-])",
                   lambda m: FLAG_NAMES[m.group(1)], message)  # fmt: skip
 
 
@@ -278,26 +280,19 @@ def cmd_generate(args) -> int:
         draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab if draft else None,
         threads=args.threads, speculators=args.speculator, **engine_options(args),
     )  # fmt: skip
+    options = dict(method=args.method, k=args.k, max_new_tokens=args.max_new_tokens,
+                   temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                   seed=args.seed, stop=args.stop, ngram_min=args.ngram_min,
+                   ngram_max=args.ngram_max, draft_min_prob=args.draft_min_prob,
+                   **spec_options(args))  # fmt: skip
+    for prompt in prompts:  # every prompt and option checked before any work
+        decoder.request(prompt, **options)
     if args.method == "auto":  # its cost model is profiled once, before the first step
         print("leapdecode: profiling the step costs for auto (a few seconds)...",
               file=sys.stderr, flush=True)  # fmt: skip
         decoder.engine.scheduler.ensure_cost_model()
     for prompt in prompts:
-        result = decoder.generate(
-            prompt,
-            method=args.method,
-            k=args.k,
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            seed=args.seed,
-            stop=args.stop,
-            ngram_min=args.ngram_min,
-            ngram_max=args.ngram_max,
-            draft_min_prob=args.draft_min_prob,
-            **spec_options(args),
-        )
+        result = decoder.generate(prompt, **options)
         if args.json:
             print(json.dumps(result.as_dict()), flush=True)
         else:

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from .errors import LeapDecodeError
@@ -126,21 +128,17 @@ def export_speculators(head_dir: str, target_dir: str, out: str, verifier: str |
     }
     try:
         os.makedirs(out, exist_ok=True)
+        cfg_path = os.path.join(out, "config.json")
+        with open(cfg_path, "w") as f:
+            json.dump(config, f, indent=1)
         weights = os.path.join(out, "model.safetensors")
         save_file(tensors, weights, metadata={"format": "pt"})
-        os.chmod(weights, 0o666 & ~_umask())  # safetensors writes 0600: as config.json instead
-        with open(os.path.join(out, "config.json"), "w") as f:
-            json.dump(config, f, indent=1)
-    except OSError as e:
-        raise LeapDecodeError(f"cannot write the export to {out!r}: {e.strerror or e}: "
-                              "choose a writable --out folder") from None  # fmt: skip
+        shutil.copymode(cfg_path, weights)  # safetensors writes 0600: as readable as the config
+    except (OSError, SafetensorError) as e:
+        raise LeapDecodeError(f"cannot write the export to {out!r}: "
+                              f"{getattr(e, 'strerror', None) or e}: choose a writable --out "
+                              "folder") from None  # fmt: skip
     return config
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _target_embeddings(target_dir: str) -> torch.Tensor:

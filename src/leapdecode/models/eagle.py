@@ -177,7 +177,8 @@ class Eagle3Head(nn.Module):
     def load(cls, path: str) -> Eagle3Head:
         c, state = read_folder(path, "an EAGLE head", "eagle")
         if c.get("architectures") != ["Eagle3Head"]:
-            arch = (c.get("architectures") or ["nothing"])[0]
+            archs = c.get("architectures")
+            arch = archs[0] if isinstance(archs, list) and archs else repr(archs)
             what = " (Medusa heads)" if arch == "MedusaHeads" else ""
             raise LeapDecodeError(f"{path} holds {arch}{what}, not an EAGLE-3 head: pass the "
                                   "folder `leapdecode train eagle` wrote")  # fmt: skip

@@ -75,8 +75,9 @@ def kind_of(path: str) -> str:
     try:
         with open(cfg) as f:
             arch = (json.load(f).get("architectures") or [""])[0]
-    except (OSError, ValueError, AttributeError, TypeError, IndexError) as e:
+    except (OSError, ValueError, AttributeError, TypeError, IndexError, KeyError) as e:
         raise LeapDecodeError(f"{cfg} could not be read as a speculator config ({e})") from None
+    arch = arch if isinstance(arch, str) else repr(arch)
     kinds = {"MedusaHeads": "medusa", "Eagle3Head": "eagle"}
     if arch not in kinds:
         raise LeapDecodeError(

@@ -84,8 +84,9 @@ def load_config(path: str):
 
     try:  # a speculator folder given as a model: say what it is and where it goes
         with open(os.path.join(path, "config.json")) as f:
-            arch = (json.load(f).get("architectures") or [""])[0]
-    except (OSError, ValueError, AttributeError, TypeError, IndexError):
+            archs = json.load(f).get("architectures")
+        arch = archs[0] if isinstance(archs, list) and archs else ""
+    except (OSError, ValueError, AttributeError):
         arch = ""
     if arch in ("Eagle3Head", "MedusaHeads"):
         kind = "an EAGLE head" if arch == "Eagle3Head" else "Medusa heads"

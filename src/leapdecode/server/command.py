@@ -51,26 +51,40 @@ SWITCH_INTERVAL_S = 0.0005
 GC_THRESHOLDS = (50_000, 20, 100)
 
 
-def bind(host: str, port: int):
-    """The listening socket, bound before the models load, so a port in use or a bad host is
-    a one-line error at once (uvicorn would report it after the load, as its own log line)."""
+def bind(host: str, port: int) -> list:
+    """The listening sockets (one per address the host resolves to, as uvicorn binds them),
+    bound and listening before the models load, so a port in use or a bad host is a one-line
+    error at once (uvicorn would report it after the load, as its own log line), and a second
+    server started meanwhile cannot claim the same port."""
     import socket
 
     try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)  # fmt: skip
     except (socket.gaierror, UnicodeError) as e:
         raise LeapDecodeError(f"--host {host!r} is not an address this machine can bind "
                               f"({e}): use an IP address such as 127.0.0.1 or 0.0.0.0") from None  # fmt: skip
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    socks, seen = [], set()
     try:
-        sock.bind(addr)
+        for family, kind, proto, _, addr in infos:
+            if addr in seen:
+                continue
+            seen.add(addr)
+            sock = socket.socket(family, kind, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # its own address only; IPv4 gets its own socket
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(addr)
+            sock.listen(2048)  # uvicorn's backlog
     except OSError as e:
-        sock.close()
+        for sock in socks:
+            sock.close()
         hint = ("another process is listening there: choose another --port, or stop it"
                 if e.errno == errno.EADDRINUSE else "choose another --host / --port")  # fmt: skip
-        raise LeapDecodeError(f"cannot listen on {host}:{port}: {e.strerror}: {hint}") from None
-    return sock
+        where = f"[{host}]" if ":" in host else host
+        raise LeapDecodeError(f"cannot listen on {where}:{port}: {e.strerror or e}: {hint}") from None
+    return socks
 
 
 def cmd_serve(args) -> int:
@@ -87,7 +101,7 @@ def cmd_serve(args) -> int:
         raise LeapDecodeError(f"--port must be in 1..65535, got {args.port}")
     if args.max_queue < 1:
         raise LeapDecodeError("--max-queue must be >= 1")
-    sock = bind(args.host, args.port)
+    socks = bind(args.host, args.port)
     table = parse_k_table(args.k_per_batch_size) if args.k_per_batch_size else ()
     spec = SpecConfig(method=args.speculation, num_speculative_tokens=args.k,
                       prompt_lookup_min=args.ngram_min, prompt_lookup_max=args.ngram_max,
@@ -106,7 +120,8 @@ def cmd_serve(args) -> int:
     app = create_app(dec, spec, name, args.max_queue, args.api_key)
     if spec.method == "auto":
         print("leapdecode: profiling the step costs for auto (a few seconds)...", flush=True)
-    print(f"leapdecode: serving {name!r} on http://{args.host}:{args.port}/v1 "
+    where = f"[{args.host}]" if ":" in args.host else args.host or "0.0.0.0"  # fmt: skip
+    print(f"leapdecode: serving {name!r} on http://{where}:{args.port}/v1 "
           f"(speculation {spec.method}, k {spec.num_speculative_tokens}, "
           f"{args.max_num_seqs} slots)", flush=True)  # fmt: skip
     sys.setswitchinterval(SWITCH_INTERVAL_S)
@@ -114,5 +129,5 @@ def cmd_serve(args) -> int:
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    server.run(sockets=[sock])
+    server.run(sockets=socks)
     return 0
