@@ -142,10 +142,7 @@ def test_a_draft_folders_suggested_vocabulary_gives_way_on_the_transformers_back
     dec = LeapDecoder.from_pretrained(target_dir, draft=path, backend="transformers")
     ids = dec.tokenizer.encode("for i in range(3):")
     out = dec.generate(ids, method="draft", k=3, max_new_tokens=12)
-    with torch.no_grad():
-        ref = hf_target.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
-                                 attention_mask=torch.ones(1, len(ids), dtype=torch.long))  # fmt: skip
-    assert out.token_ids == ref[0, len(ids) :].tolist()
+    assert out.token_ids == helpers.greedy_reference(hf_target, [ids], 12)[0]
     with pytest.raises(LeapDecodeError, match="needs the native backend"):
         LeapDecoder.from_pretrained(target_dir, draft=path, backend="transformers", draft_vocab=64)
 

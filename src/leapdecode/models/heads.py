@@ -65,6 +65,22 @@ def beside(target: str) -> list[str]:
             if os.path.isfile(os.path.join(p, "config.json"))]  # fmt: skip
 
 
+ARCH_KINDS = {"MedusaHeads": "medusa", "Eagle3Head": "eagle"}
+
+
+def architecture(path: str) -> str:
+    """The first `architectures` entry of the folder's config.json ("" when it has none; the
+    repr of anything that is not a string). Raises LeapDecodeError when it cannot be read."""
+    cfg = os.path.join(path, CONFIG)
+    try:
+        with open(cfg) as f:
+            archs = json.load(f).get("architectures")
+    except (OSError, ValueError, AttributeError) as e:
+        raise LeapDecodeError(f"{cfg} could not be read as a config ({e})") from None
+    arch = archs[0] if isinstance(archs, list) and archs else ""
+    return arch if isinstance(arch, str) else repr(arch)
+
+
 def kind_of(path: str) -> str:
     cfg = os.path.join(path, "config.json")
     if not os.path.isfile(cfg):
@@ -72,13 +88,8 @@ def kind_of(path: str) -> str:
             f"speculator path {path!r} has no config.json: pass a folder written by "
             "`leapdecode train medusa` or `leapdecode train eagle`"
         )
-    try:
-        with open(cfg) as f:
-            arch = (json.load(f).get("architectures") or [""])[0]
-    except (OSError, ValueError, AttributeError, TypeError, IndexError, KeyError) as e:
-        raise LeapDecodeError(f"{cfg} could not be read as a speculator config ({e})") from None
-    arch = arch if isinstance(arch, str) else repr(arch)
-    kinds = {"MedusaHeads": "medusa", "Eagle3Head": "eagle"}
+    arch = architecture(path)
+    kinds = ARCH_KINDS
     if arch not in kinds:
         raise LeapDecodeError(
             f"{path!r} is not a leapdecode speculator (architectures {arch!r}); a speculators "

@@ -78,17 +78,15 @@ def check_model_dir(path: str, what: str = "model") -> str:
 
 
 def load_config(path: str):
-    import json
-
     from transformers import AutoConfig
 
+    from .heads import ARCH_KINDS, architecture
+
     try:  # a speculator folder given as a model: say what it is and where it goes
-        with open(os.path.join(path, "config.json")) as f:
-            archs = json.load(f).get("architectures")
-        arch = archs[0] if isinstance(archs, list) and archs else ""
-    except (OSError, ValueError, AttributeError):
-        arch = ""
-    if arch in ("Eagle3Head", "MedusaHeads"):
+        arch = architecture(path)
+    except LeapDecodeError:
+        arch = ""  # transformers says what is wrong with it
+    if arch in ARCH_KINDS:
         kind = "an EAGLE head" if arch == "Eagle3Head" else "Medusa heads"
         raise LeapDecodeError(f"{path!r} holds {kind}, not a language model: pass it with "
                               "--speculator PATH (API: speculators=[PATH])")  # fmt: skip
