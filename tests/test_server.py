@@ -15,6 +15,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from leapdecode.bench.serve import tree_rss_kb
+
 HOST = "127.0.0.1"
 
 
@@ -45,8 +47,7 @@ class Server:
         raise RuntimeError("server did not start within 300 s")
 
     def rss_kb(self) -> int:
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+        return tree_rss_kb(self.proc.pid)  # the HTTP process and the engine process
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import itertools
 import os
-import random
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 
 import torch
 
-from .config import MAX_K, METHODS, SEED_MAX, SamplingParams, SpecConfig, spec_field_names
+from .config import MAX_K, METHODS, SEED_MAX, SamplingParams
 from .engine import Engine
 from .errors import LeapDecodeError
-from .metrics import RequestStats
+from .frontend import Frontend, GenerationResult, load_tokenizer
 from .models import CausalLM, load_model
 from .models.heads import beside, load_found, load_heads
 from .proposers.draft_model import read_vocab_ranking
@@ -22,31 +19,6 @@ from .sequence import Sequence
 from .threads import set_threads
 
 __all__ = ["GenerationResult", "LeapDecoder", "MAX_K", "METHODS"]
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # "length" | "stop"
-    stats: RequestStats
-
-    def as_dict(self) -> dict:
-        return {
-            "text": self.text,
-            "token_ids": self.token_ids,
-            "finish_reason": self.finish_reason,
-            "stats": self.stats.as_dict(),
-        }
-
-
-def _load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except Exception:  # noqa: BLE001 - a model folder without tokenizer files
-        return None
 
 
 def _eos_ids(path: str, config) -> frozenset[int]:
@@ -113,7 +85,8 @@ class LeapDecoder:
             vocab = self.target.vocab_size
             names = tokenizer.convert_ids_to_tokens(list(range(min(vocab, len(tokenizer)))))
             suffix.token_strings = [n or "" for n in names] + [""] * max(0, vocab - len(names))
-        self._ids = itertools.count()
+        self.frontend = Frontend(tokenizer, self.eos_token_ids, target.vocab_size,
+                                 target.max_context, self.engine.check)  # fmt: skip
 
     @classmethod
     def from_pretrained(
@@ -148,7 +121,7 @@ class LeapDecoder:
         set_threads(threads)
         device = device or os.environ.get("LEAPDECODE_DEVICE") or "cpu"
         target_model = load_model(target, backend, device, dtype, what="target")
-        tokenizer = _load_tokenizer(target)
+        tokenizer = load_tokenizer(target)
         draft_model = None
         if draft is not None:
             draft_model = load_model(draft, backend, device, draft_dtype or dtype, what="draft")
@@ -173,37 +146,10 @@ class LeapDecoder:
 
     # ----------------------------------------------------------------- helpers
     def encode(self, prompt: str | Seq[int]) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise LeapDecodeError(
-                    "the target folder has no tokenizer files (tokenizer.json): copy them into the model "
-                    "folder, or pass token ids instead of text (Python API)"
-                )
-            if not prompt:
-                raise LeapDecodeError("the prompt is empty: give at least one character")
-            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
-        else:
-            ids = list(prompt)
-            if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-                raise LeapDecodeError("token ids must be integers")
-            bad = [t for t in ids if not 0 <= t < self.target.vocab_size]
-            if bad:
-                raise LeapDecodeError(
-                    f"token id {bad[0]} is outside the vocabulary (0..{self.target.vocab_size - 1})"
-                )
-        if not ids:
-            raise LeapDecodeError("the prompt is empty: give at least one token")
-        if len(ids) >= self.target.max_context:
-            raise LeapDecodeError(
-                f"the prompt has {len(ids)} tokens but the model's context is "
-                f"{self.target.max_context}: shorten the prompt"
-            )
-        return ids
+        return self.frontend.encode(prompt)
 
     def decode(self, ids: list[int]) -> str:
-        if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.frontend.decode(ids)
 
     def _configure_draft_head(self, draft_vocab: int | None) -> None:
         """Give the draft the `draft_vocab` most frequent tokens only (None: the draft
@@ -229,93 +175,12 @@ class LeapDecoder:
                 raise
             self.draft.restrict_head(None)  # only the folder's suggestion: the whole vocabulary
 
-    def request(
-        self,
-        prompt: str | list[int],
-        method: str = "none",
-        k: int = 4,
-        max_new_tokens: int = 128,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seed: int | None = None,
-        stop: str | list[str] | None = None,
-        stop_token_ids: list[int] | None = None,
-        ngram_min: int = 2,
-        ngram_max: int = 4,
-        draft_min_prob: float = 0.0,
-        spec: SpecConfig | None = None,
-        **spec_options,
-    ) -> Sequence:
-        """A validated request for the engine (generate, stream, the server and the bench
-        all build theirs here). method: one of METHODS; k: draft tokens (tree nodes) per step
-        (0..64; auto: the most it may use); temperature 0 is greedy; stop: strings that end
-        generation (cut from the text); stop_token_ids: token ids that end it besides EOS;
-        spec: a whole SpecConfig instead of method / k / ngram_* / draft_min_prob;
-        spec_options: any other SpecConfig field (use_tree_spec, suffix_decoding_*,
-        lookahead_*)."""
-        if spec is None:
-            fields = spec_field_names()
-            unknown = sorted(set(spec_options) - fields)
-            if unknown:
-                raise LeapDecodeError(
-                    f"unknown option {unknown[0]!r}: generation options are method, k, "
-                    "max_new_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, "
-                    f"ngram_min, ngram_max, draft_min_prob, spec, or a SpecConfig field "
-                    f"({', '.join(sorted(fields))})"
-                )
-            spec = SpecConfig(method=method, num_speculative_tokens=k, prompt_lookup_min=ngram_min,
-                              prompt_lookup_max=ngram_max, draft_min_prob=draft_min_prob,
-                              **spec_options)  # fmt: skip
-        elif spec_options:
-            raise LeapDecodeError("pass either spec= or SpecConfig fields as options, not both")
-        self.engine.check(spec)
-        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        if (
-            not isinstance(max_new_tokens, int)
-            or isinstance(max_new_tokens, bool)
-            or max_new_tokens < 1
-        ):
-            raise LeapDecodeError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        stop_strings = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        if any(not isinstance(x, str) or not x for x in stop_strings):
-            raise LeapDecodeError("stop strings must be non-empty strings")
-        if stop_strings and self.tokenizer is None:
-            raise LeapDecodeError("stop strings need a tokenizer in the target folder")
-        bad = [t for t in stop_token_ids or () if not isinstance(t, int) or isinstance(t, bool)]
-        if bad:
-            raise LeapDecodeError(f"stop_token_ids must be integers, got {bad[0]!r}")
-        ids = self.encode(prompt)
-        room = self.target.max_context - len(ids)
-        if max_new_tokens > room:
-            raise LeapDecodeError(
-                f"max_new_tokens {max_new_tokens} does not fit: the prompt has {len(ids)} tokens "
-                f"and the model's context is {self.target.max_context}, so at most {room} new "
-                "tokens fit; lower max_new_tokens or shorten the prompt"
-            )
-        gen_seed = seed if seed is not None else random.randrange(2**62)
-        return Sequence(
-            id=next(self._ids),
-            tokens=list(ids),
-            prompt_len=len(ids),
-            params=params,
-            max_new_tokens=max_new_tokens,
-            max_context=self.target.max_context,
-            stop_token_ids=self.eos_token_ids | frozenset(stop_token_ids or ()),
-            stop_strings=stop_strings,
-            decode=self.decode,
-            generator=torch.Generator().manual_seed(gen_seed),
-            draft_generator=torch.Generator().manual_seed((gen_seed + 0x5EED) % 2**63),
-            spec=spec,
-        )
+    def request(self, prompt: str | list[int], **options) -> Sequence:
+        """A validated request for the engine; see `Frontend.request` for the options."""
+        return self.frontend.request(prompt, **options)
 
     def result(self, s: Sequence) -> GenerationResult:
-        text = self.decode(s.output)
-        if s.finish_reason == "stop" and s.stop_strings:
-            cuts = [text.find(x) for x in s.stop_strings if x in text]
-            if cuts:
-                text = text[: min(cuts)]
-        return GenerationResult(text, s.output, s.finish_reason or "length", s.stats)
+        return self.frontend.result(s)
 
     def _run(self, seqs: list[Sequence]) -> Iterator[None]:
         """Submit `seqs` and step the engine until they are all finished."""
@@ -381,7 +246,7 @@ class LeapDecoder:
 
 
 def _check_same_vocab(target: str, target_tok, draft: str) -> None:
-    draft_tok = _load_tokenizer(draft)
+    draft_tok = load_tokenizer(draft)
     if target_tok is None or draft_tok is None:
         return  # nothing to compare: token ids are shared by construction
     if target_tok.get_vocab() != draft_tok.get_vocab():

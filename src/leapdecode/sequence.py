@@ -52,6 +52,24 @@ class Sequence:
             self._uniforms.extend(torch.rand(64, generator=self.generator).tolist())
         return torch.tensor(self._uniforms[start : start + n])
 
+    def to_wire(self) -> dict:
+        """What another process needs to rebuild this request (`from_wire`): no callables,
+        and the sampling streams as their seeds (a fresh request has drawn nothing yet)."""
+        return dict(id=self.id, tokens=list(self.tokens), prompt_len=self.prompt_len,
+                    params=self.params, max_new_tokens=self.max_new_tokens,
+                    max_context=self.max_context, stop_token_ids=self.stop_token_ids,
+                    stop_strings=self.stop_strings, spec=self.spec, arrival_s=self.arrival_s,
+                    seed=self.generator.initial_seed(),
+                    draft_seed=self.draft_generator.initial_seed())  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, wire: dict, decode) -> Sequence:
+        """The request `to_wire` described; decode: tokens -> str, for stop strings."""
+        wire = dict(wire)
+        seed, draft_seed = wire.pop("seed"), wire.pop("draft_seed")
+        return cls(**wire, decode=decode, generator=torch.Generator().manual_seed(seed),
+                   draft_generator=torch.Generator().manual_seed(draft_seed))  # fmt: skip
+
     @property
     def output(self) -> list[int]:
         return self.tokens[self.prompt_len :]

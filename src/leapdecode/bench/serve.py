@@ -203,6 +203,22 @@ def local_server(args, extra: tuple[str, ...] = ()):
             proc.wait()
 
 
+def tree_rss_kb(pid: int) -> int:
+    """Resident memory of a process and its descendants (the server's HTTP process and its
+    engine process), in KiB (Linux /proc)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next(int(x.split()[1]) for x in f if x.startswith("VmRSS"))
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+        except (OSError, StopIteration):  # it exited meanwhile
+            continue
+    return total
+
+
 def _wait_healthy(url: str, proc: subprocess.Popen, log_path: str, limit_s: float = 300) -> None:
     import httpx
 
@@ -472,8 +488,7 @@ def cmd_soak(args) -> int:
     args.concurrency = [args.clients]
 
     def rss_kb() -> int:
-        with open(f"/proc/{pid}/status") as f:
-            return next(int(x.split()[1]) for x in f if x.startswith("VmRSS"))
+        return tree_rss_kb(pid)
 
     # exactly the share asked for hangs up, spread at random over the run
     hang_up = set(random.Random(0).sample(range(args.requests),

@@ -67,6 +67,37 @@ def length_groups(lengths: list[int], slack: float = PREFILL_PADDING,
     return groups
 
 
+HEADS = ("medusa", "eagle")  # proposers trained on the target
+
+
+def check_spec(spec, backend: str, has_draft: bool, heads) -> None:
+    """Refuse a request an engine with these capabilities (Engine.capabilities) cannot run."""
+    if spec.method == "draft" and not has_draft:
+        raise LeapDecodeError("method 'draft' needs a draft model: pass --draft PATH")
+    if spec.method in HEADS and backend != "native":  # the reason, not a hint
+        raise LeapDecodeError(
+            f"{spec.method} needs the target's hidden states and tree attention, which the "
+            f"{backend} backend lacks: use --backend native"
+        )
+    if spec.method in HEADS and spec.method not in heads:
+        loaded = [h for h in HEADS if h in heads]
+        what = {"medusa": "Medusa heads", "eagle": "an EAGLE head"}[spec.method]
+        raise LeapDecodeError(
+            f"method {spec.method!r} needs {what}, and none is loaded"
+            + (f" (only {' and '.join(loaded)})" if loaded else "")
+            + f": pass --speculator PATH to a folder `leapdecode train {spec.method}` "
+            f"wrote (or put it beside the target as <target>-{spec.method})"
+        )
+    tree = spec.method in ("lookahead", "medusa", "eagle") or (
+        spec.use_tree_spec and (spec.may_use("ngram") or spec.may_use("suffix")))  # fmt: skip
+    if tree and backend != "native":
+        raise LeapDecodeError(
+            f"{spec.method} with a draft tree needs tree attention, which the "
+            f"{backend} backend lacks: use --backend native"
+            + ("" if spec.method == "lookahead" else " or drop use_tree_spec")
+        )
+
+
 class Engine:
     def __init__(self, target: CausalLM, draft: CausalLM | None = None, max_num_seqs: int = 16,
                  metrics=None, suffix_decoding_max_tree_depth: int = 24,
@@ -118,33 +149,15 @@ class Engine:
         if self.draft is not None:
             self.draft.allocate(self.max_num_seqs, self.max_len)
 
+    def capabilities(self) -> dict:
+        """What `check_spec` needs to know of this engine (the server's HTTP process checks
+        requests with it, away from the models)."""
+        heads = [h for h in HEADS if h in self.proposers]
+        return {"backend": self.target.name, "has_draft": self.draft is not None, "heads": heads}
+
     def check(self, spec) -> None:
         """Refuse a request this engine cannot run (before it is queued)."""
-        if spec.method == "draft" and self.draft is None:
-            raise LeapDecodeError("method 'draft' needs a draft model: pass --draft PATH")
-        heads = ("medusa", "eagle")
-        if spec.method in heads and self.target.name != "native":  # the reason, not a hint
-            raise LeapDecodeError(
-                f"{spec.method} needs the target's hidden states and tree attention, which the "
-                f"{self.target.name} backend lacks: use --backend native"
-            )
-        if spec.method in heads and spec.method not in self.proposers:
-            loaded = [h for h in heads if h in self.proposers]
-            what = {"medusa": "Medusa heads", "eagle": "an EAGLE head"}[spec.method]
-            raise LeapDecodeError(
-                f"method {spec.method!r} needs {what}, and none is loaded"
-                + (f" (only {' and '.join(loaded)})" if loaded else "")
-                + f": pass --speculator PATH to a folder `leapdecode train {spec.method}` "
-                f"wrote (or put it beside the target as <target>-{spec.method})"
-            )
-        tree = spec.method in ("lookahead", "medusa", "eagle") or (
-            spec.use_tree_spec and (spec.may_use("ngram") or spec.may_use("suffix")))  # fmt: skip
-        if tree and self.target.name != "native":
-            raise LeapDecodeError(
-                f"{spec.method} with a draft tree needs tree attention, which the "
-                f"{self.target.name} backend lacks: use --backend native"
-                + ("" if spec.method == "lookahead" else " or drop use_tree_spec")
-            )
+        check_spec(spec, **self.capabilities())
 
     def add_request(self, seq: Sequence) -> None:
         self.check(seq.spec)

@@ -1,4 +1,5 @@
-"""`leapdecode serve`: an OpenAI-compatible HTTP server on FastAPI, the engine in its own thread.
+"""`leapdecode serve`: an OpenAI-compatible HTTP server on FastAPI, the engine in its own process
+(engine.py).
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
 GET /metrics. Streaming is Server-Sent Events ending with `data: [DONE]`. A request may
@@ -21,13 +22,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..api import LeapDecoder
 from ..config import SpecConfig
 from ..errors import LeapDecodeError
-from ..metrics import EngineMetrics
+from ..frontend import Frontend
 from . import protocol
 from .protocol import APIError, GenerationRequest
-from .worker import EngineWorker, QueueFull
+from .worker import EngineClient, EngineGone, QueueFull
 
 MAX_BODY = 1 << 20  # bytes
 
@@ -85,7 +85,7 @@ class _Guard:
     """Every request's body-size limit and API key, as plain ASGI middleware: Starlette's
     BaseHTTPMiddleware (`@app.middleware`) passed every streamed chunk through a task and a
     memory stream of its own, and was the HTTP thread's largest cost at 16 streams, time the
-    engine thread waits for the GIL."""
+    engine thread waited for the GIL, when the engine ran in a thread."""
 
     def __init__(self, app, api_key: str | None = None) -> None:
         self.app = app
@@ -117,25 +117,19 @@ class _Guard:
         await self.app(scope, receive, send)
 
 
-def create_app(decoder: LeapDecoder, spec: SpecConfig, model_name: str, max_queue: int = 64,
+def create_app(engine: EngineClient, frontend: Frontend, spec: SpecConfig, model_name: str,
                api_key: str | None = None) -> FastAPI:  # fmt: skip
-    metrics = EngineMetrics()
-    engine = decoder.engine
-    engine.metrics = metrics
-    worker = EngineWorker(engine, metrics, max_queue)
+    """engine: the engine process, loaded (EngineClient.wait_ready); frontend: requests'
+    tokenizer side, with the engine's capabilities; spec: the server's default speculation."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        engine.allocate()
-        if spec.method == "auto":
-            engine.scheduler.ensure_cost_model()  # profile the step costs before any request
-        worker.start()
+        engine.start(asyncio.get_running_loop())
         yield
-        worker.stop()
+        engine.stop()
 
     app = FastAPI(title="leapdecode", version="1", lifespan=lifespan)
-    app.state.worker = worker
-    app.state.metrics = metrics
+    app.state.engine = engine
     created = int(time.time())
 
     app.add_middleware(_Guard, api_key=api_key)
@@ -172,7 +166,7 @@ def create_app(decoder: LeapDecoder, spec: SpecConfig, model_name: str, max_queu
             seq_spec = spec.with_overrides(req.method, req.k, req.k_table)
             if req.spec_fields:
                 seq_spec = dataclasses.replace(seq_spec, **req.spec_fields)
-            return decoder.request(prompt, spec=seq_spec, **req.options())
+            return frontend.request(prompt, spec=seq_spec, **req.options())
         except LeapDecodeError as e:  # named as the request names it
             message = str(e).replace("max_new_tokens", "max_tokens")
             raise protocol.bad(message, _param_of(str(e))) from None
@@ -180,11 +174,14 @@ def create_app(decoder: LeapDecoder, spec: SpecConfig, model_name: str, max_queu
     async def _run(request: Request, req: GenerationRequest, prompt, kind: str):
         seq = _sequence(req, prompt)
         try:
-            events = worker.submit(seq)
+            events = engine.submit(seq)
         except QueueFull:
-            return _error(APIError(429, f"the server is busy ({max_queue} requests waiting): "
-                                   "retry later", None, "queue_full", "rate_limit_error"),
-                          headers={"Retry-After": "1"})  # fmt: skip
+            return _error(APIError(429, f"the server is busy ({engine.max_queue} requests "
+                                   "waiting): retry later", None, "queue_full",
+                                   "rate_limit_error"), headers={"Retry-After": "1"})  # fmt: skip
+        except EngineGone as e:
+            return _error(APIError(503, f"the server cannot generate: {e}; restart it", None,
+                                   "engine_gone", "server_error"))  # fmt: skip
         rid = ("cmpl-" if kind == "text_completion" else "chatcmpl-") + uuid.uuid4().hex[:24]
         if req.stream:
             return StreamingResponse(_stream(request, seq, events, rid, kind, req),
@@ -216,13 +213,13 @@ def create_app(decoder: LeapDecoder, spec: SpecConfig, model_name: str, max_queu
         while True:
             ev = await watch.next()
             if ev is None:
-                worker.abort(seq.id)
+                engine.abort(seq.id)
                 return Response(status_code=499)
             if ev.error:
                 return _error(APIError(500, ev.error, None, "internal_error", "server_error"))
             if ev.finished:
                 break
-        result = decoder.result(seq)
+        result = frontend.result(seq)
         finish = "stop" if result.finish_reason == "stop" else "length"
         return {"id": rid, "object": kind if kind == "text_completion" else "chat.completion",
                 "created": int(time.time()), "model": model_name,
@@ -258,12 +255,12 @@ def create_app(decoder: LeapDecoder, spec: SpecConfig, model_name: str, max_queu
                     return
                 if ev.finished:
                     break
-                text = decoder.decode(seq.output)
+                text = frontend.decode(seq.output)
                 ready = (text[: len(text) - hold] if hold else text).rstrip("\ufffd")
                 if len(ready) > len(sent) and ready.startswith(sent):
                     yield chunk(ready[len(sent) :], None)
                     sent = ready
-            final = decoder.result(seq).text
+            final = frontend.result(seq).text
             piece = final[len(sent) :] if final.startswith(sent) else ""
             finish = "stop" if seq.finish_reason == "stop" else "length"
             yield chunk(piece, finish, _usage(seq) if req.include_usage else None)
@@ -271,14 +268,14 @@ def create_app(decoder: LeapDecoder, spec: SpecConfig, model_name: str, max_queu
             done = True
         finally:
             if not done and not seq.finished:
-                worker.abort(seq.id)  # the client went away: free the slot
+                engine.abort(seq.id)  # the client went away: free the slot
 
     async def _handle(request: Request, chat: bool):
         try:
             body = await _body(request)
             if chat:
                 messages, req = protocol.parse_chat(body)
-                tok = decoder.tokenizer
+                tok = frontend.tokenizer
                 if tok is None or not getattr(tok, "chat_template", None):
                     raise protocol.bad(
                         f"the model {model_name!r} has no chat template (it is a code completion "
@@ -308,14 +305,21 @@ def create_app(decoder: LeapDecoder, spec: SpecConfig, model_name: str, max_queu
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model",
                                             "created": created, "owned_by": "leapdecode",
-                                            "max_model_len": decoder.target.max_context}]}  # fmt: skip
+                                            "max_model_len": frontend.max_context}]}  # fmt: skip
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "running": len(engine.running), "waiting": len(engine.waiting)}
+        if engine.gone:
+            return JSONResponse({"status": "error", "error": engine.gone}, status_code=503)
+        return {"status": "ok", "running": engine.running, "waiting": engine.queued()}
 
     @app.get("/metrics")
     async def prometheus():
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        try:
+            text = await engine.metrics_text()
+        except (EngineGone, TimeoutError, asyncio.TimeoutError) as e:
+            return _error(APIError(503, f"the engine did not answer: {e}", None,
+                                   "engine_gone", "server_error"))  # fmt: skip
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app

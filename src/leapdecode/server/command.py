@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+from functools import partial
 
 from ..cli import add_draftless_args, engine_options, spec_options
 from ..config import MAX_K, METHODS, SpecConfig, parse_k_table
@@ -34,21 +35,12 @@ def add_parser(sub, model_args) -> None:
     add_draftless_args(p)
 
 
-# The engine thread and the HTTP event loop share the GIL. With CPython's default 5 ms switch
-# interval, a thread that wants the GIL back (the engine after a forward, the loop with a
-# token to stream) may wait up to 5 ms while the other runs Python: about a decode step on
-# this CPU. 0.5 ms, measured with `bench serve` at concurrency 1 (two A/B pairs, 5 rounds
-# each): auto / ngram k=8 0.82 and 0.93 with the default, 1.01 and 1.04 with 0.5 ms.
+# The HTTP process's event loop and its reader thread (worker.py) share a GIL. With CPython's
+# default 5 ms switch interval, the reader, woken by a step's tokens, may wait up to 5 ms
+# while the loop runs Python: about a decode step on this CPU. (Measured when the engine
+# itself ran in that thread, with `bench serve` at concurrency 1, two A/B pairs of 5 rounds:
+# auto / ngram k=8 0.82 and 0.93 with the default, 1.01 and 1.04 with 0.5 ms.)
 SWITCH_INTERVAL_S = 0.0005
-# Python's cyclic garbage collector scans every tracked object it holds at a full collection,
-# and suffix decoding's per-request tries (used by `suffix` and `auto`) are thousands of
-# small objects per request: at the default thresholds the collections cost `auto` several
-# percent of its wall time against n-grams, which hold no such objects (C = 16 engine-level
-# closed loop, auto / ngram k=4: 255 / 285 tokens/s by default, 270 / 267 with these
-# thresholds; the collections landed in prefill, admission and step overhead). Through the
-# server one A/B at C = 16 (3 rounds) did not resolve it: 0.93 by default, 0.90 with these.
-# The model and startup objects are frozen out of the scans altogether.
-GC_THRESHOLDS = (50_000, 20, 100)
 
 
 def bind(host: str, port: int) -> list:
@@ -83,7 +75,9 @@ def bind(host: str, port: int) -> list:
         hint = ("another process is listening there: choose another --port, or stop it"
                 if e.errno == errno.EADDRINUSE else "choose another --host / --port")  # fmt: skip
         where = f"[{host}]" if ":" in host else host
-        raise LeapDecodeError(f"cannot listen on {where}:{port}: {e.strerror or e}: {hint}") from None
+        raise LeapDecodeError(
+            f"cannot listen on {where}:{port}: {e.strerror or e}: {hint}"
+        ) from None
     return socks
 
 
@@ -91,11 +85,15 @@ def cmd_serve(args) -> int:
     import gc
     import sys
 
+    import torch
     import uvicorn
 
-    from ..api import LeapDecoder
+    from ..engine.engine import check_spec
+    from ..frontend import Frontend, load_tokenizer
     from ..paths import resolve_models
+    from ..threads import resolve_threads
     from .app import create_app
+    from .worker import EngineClient
 
     if not 0 < args.port < 65536:
         raise LeapDecodeError(f"--port must be in 1..65535, got {args.port}")
@@ -109,17 +107,25 @@ def cmd_serve(args) -> int:
     target, draft = resolve_models(args.target, args.draft)
     if args.speculation == "draft" and draft is None:
         raise LeapDecodeError("--speculation draft needs a draft model: pass --draft PATH")
-    dec = LeapDecoder.from_pretrained(target, draft=draft, backend=args.backend,
-                                      device=args.device, dtype=args.dtype,
-                                      draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab,
-                                      max_num_seqs=args.max_num_seqs, threads=args.threads,
-                                      speculators=args.speculator,
-                                      **engine_options(args))  # fmt: skip
-    dec.engine.check(spec)  # a default the engine cannot run fails now, not per request
+    load = dict(target=target, draft=draft, backend=args.backend, device=args.device,
+                dtype=args.dtype, draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab,
+                max_num_seqs=args.max_num_seqs, threads=args.threads,
+                speculators=args.speculator, **engine_options(args))  # fmt: skip
+    resolve_threads(args.threads)  # a bad --threads is said here, not by the engine process
+    torch.set_num_threads(1)  # the HTTP process runs no model
     name = args.served_model_name or os.path.basename(os.path.abspath(target))
-    app = create_app(dec, spec, name, args.max_queue, args.api_key)
     if spec.method == "auto":
-        print("leapdecode: profiling the step costs for auto (a few seconds)...", flush=True)
+        print("leapdecode: loading, then profiling the step costs for auto (a few seconds)...",
+              flush=True)  # fmt: skip
+    engine = EngineClient({"load": load, "spec": spec}, args.max_queue)
+    try:
+        info = engine.wait_ready()
+    except BaseException:  # a load that failed, or Ctrl-C meanwhile
+        engine.stop(wait_s=0)
+        raise
+    frontend = Frontend(load_tokenizer(target), info["eos_token_ids"], info["vocab_size"],
+                        info["max_context"], partial(check_spec, **info["capabilities"]))  # fmt: skip
+    app = create_app(engine, frontend, spec, name, args.api_key)
     where = f"[{args.host}]" if ":" in args.host else args.host or "0.0.0.0"  # fmt: skip
     print(f"leapdecode: serving {name!r} on http://{where}:{args.port}/v1 "
           f"(speculation {spec.method}, k {spec.num_speculative_tokens}, "
@@ -127,7 +133,6 @@ def cmd_serve(args) -> int:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     gc.collect()
     gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     server.run(sockets=socks)
     return 0
