@@ -410,3 +410,56 @@ def test_a_port_in_use_or_a_bad_host_is_one_clear_line_before_any_model_loads():
             assert needle in out.stderr and "Traceback" not in out.stderr
             assert "serving" not in out.stdout  # it never claimed to serve
             assert time.perf_counter() - t0 < 30  # no model was loaded (the target is bogus)
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+def test_a_lost_engine_process_is_a_503_with_the_reason_and_a_clean_exit(target_dir):
+    """The engine runs in a process of its own: if it dies (killed, out of memory), the HTTP
+    side stays up and says why on every endpoint, and stopping the server ends both."""
+    s = Server("--target", target_dir, "--speculation", "ngram", "--max-num-seqs", "2")
+    try:
+        engine = [p for p in _children(s.proc.pid)
+                  if "spawn_main" in open(f"/proc/{p}/cmdline").read()]  # fmt: skip
+        assert len(engine) == 1
+        ok = httpx.post(s.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})
+        assert ok.status_code == 200
+        os.kill(engine[0], 9)
+        deadline = time.time() + 10
+        while time.time() < deadline and httpx.get(s.url + "/health").status_code == 200:
+            time.sleep(0.1)
+        health = httpx.get(s.url + "/health")
+        assert health.status_code == 503 and "exit code -9" in health.json()["error"]
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})
+        assert r.status_code == 503
+        assert (
+            r.json()["error"]["code"] == "engine_gone" and "restart" in r.json()["error"]["message"]
+        )
+        assert httpx.get(s.url + "/metrics").status_code == 503
+    finally:
+        s.stop()
+    assert s.proc.returncode is not None
+    assert "Traceback" not in s.proc.stdout.read()
+
+
+def test_stopping_the_server_ends_its_engine_process(target_dir):
+    s = Server("--target", target_dir, "--speculation", "none", "--max-num-seqs", "1")
+    children = _children(s.proc.pid)
+    s.stop()  # SIGTERM: uvicorn shuts down, then re-raises the signal (exit -15)
+    assert s.proc.returncode in (0, -15)
+
+    def running(pid: int) -> bool:  # a zombie waits for init to reap it: not running
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.time() + 10
+    while time.time() < deadline and any(running(p) for p in children):
+        time.sleep(0.2)
+    assert not [p for p in children if running(p)]
+    assert "Traceback" not in s.proc.stdout.read()

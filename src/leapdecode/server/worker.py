@@ -188,6 +188,7 @@ class EngineClient:
         self.tickets = itertools.count()
         self.pending_metrics: dict[int, asyncio.Future] = {}
         self.gone: str | None = None  # why the engine process is no longer there
+        self.stopping = False  # told to stop: its exit is no news
         self.send_lock = threading.Lock()
         self.reader = threading.Thread(target=self._read, name="leapdecode-reader", daemon=True)
 
@@ -210,6 +211,7 @@ class EngineClient:
 
     def stop(self, wait_s: float = 10) -> None:
         """Tell the engine process to stop; ended by force after wait_s seconds."""
+        self.stopping = True
         try:
             self._send(("stop",))
         except EngineGone:
@@ -297,10 +299,11 @@ class EngineClient:
             try:
                 message = self.up.recv()
             except (EOFError, OSError):
+                if self.stopping:
+                    return
                 self.proc.join(timeout=5)
                 why = f"the engine process exited (exit code {self.proc.exitcode})"
-                if self.proc.exitcode != 0:
-                    log.error("%s: restart the server", why)
+                log.error("%s: restart the server", why)
                 with contextlib.suppress(RuntimeError):  # the loop may be closed already
                     self.loop.call_soon_threadsafe(self._lost, why)
                 return
