@@ -20,9 +20,11 @@ import gc
 import itertools
 import logging
 import multiprocessing as mp
+import queue
 import signal
 import threading
 from dataclasses import dataclass
+from multiprocessing.connection import wait
 
 from ..errors import LeapDecodeError
 from ..sequence import Sequence
@@ -53,6 +55,18 @@ class Event:
     error: str | None = None
 
 
+@contextlib.contextmanager
+def _sigint_blocked():
+    if not hasattr(signal, "pthread_sigmask"):  # not POSIX
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 # ---------------------------------------------------------------- engine process
 def engine_main(options: dict, inbox, outbox) -> None:
     """The engine process: load the models (options["load"]: LeapDecoder.from_pretrained's
@@ -61,9 +75,12 @@ def engine_main(options: dict, inbox, outbox) -> None:
     from ..api import LeapDecoder
     from ..metrics import EngineMetrics
 
-    # Ctrl-C reaches the whole process group: the HTTP process shuts down and then tells this
-    # one to stop (or its pipe closes), so the engine never prints a traceback of its own
+    # Ctrl-C (and a service manager's SIGTERM) may reach the whole process group: the HTTP
+    # process finishes what is in flight, then tells this one to stop (or its pipe closes)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # blocked while it started (EngineClient)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         dec = LeapDecoder.from_pretrained(**options["load"])
         spec = options["spec"]
@@ -75,15 +92,20 @@ def engine_main(options: dict, inbox, outbox) -> None:
         if spec.method == "auto":
             engine.scheduler.ensure_cost_model()  # profile the step costs before any request
     except LeapDecodeError as e:
-        outbox.send(("failed", str(e)))
-        return
+        result = ("failed", str(e))
     except Exception as e:  # noqa: BLE001 - said in one line by the HTTP process
-        outbox.send(("failed", f"internal error while loading: {type(e).__name__}: {e}"))
+        result = ("failed", f"internal error while loading: {type(e).__name__}: {e}")
+    else:
+        result = ("ready", {"capabilities": engine.capabilities(),
+                            "eos_token_ids": sorted(dec.eos_token_ids),
+                            "vocab_size": dec.target.vocab_size,
+                            "max_context": dec.target.max_context})  # fmt: skip
+    try:
+        outbox.send(result)
+    except OSError:  # the HTTP process is gone already
         return
-    outbox.send(("ready", {"capabilities": engine.capabilities(),
-                           "eos_token_ids": sorted(dec.eos_token_ids),
-                           "vocab_size": dec.target.vocab_size,
-                           "max_context": dec.target.max_context}))  # fmt: skip
+    if result[0] == "failed":
+        return
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
@@ -108,27 +130,34 @@ class _Core:
         """Take every waiting message; False once told to stop (or the HTTP side is gone)."""
         try:
             while self.inbox.poll(0):
-                what, *rest = self.inbox.recv()
-                if what == "add":
-                    self.admitted += 1
-                    seq = Sequence.from_wire(rest[0], self.dec.decode)
-                    try:
-                        self.engine.add_request(seq)
-                    except Exception as e:  # noqa: BLE001 - refuse this one request, keep serving
-                        self._finish(seq, "error", str(e))
-                elif what == "abort":
-                    seq = self.engine.abort(rest[0])
-                    if seq is not None:
-                        self._finish(seq, "abort")
-                elif what == "rejected":
-                    self.metrics.on_rejected("rejected")
-                elif what == "metrics":
-                    self.outbox.send(("metrics", rest[0], self.metrics.render()))
-                else:  # "stop"
+                message = self.inbox.recv()
+                if message[0] == "stop":
                     return False
+                try:
+                    self._take(*message)
+                except Exception:  # noqa: BLE001 - one bad message must not end the engine
+                    log.exception("engine: message %r failed", message[0])
         except (EOFError, OSError):
             return False
         return True
+
+    def _take(self, what: str, *rest) -> None:
+        """One message from the HTTP process (see the module notes)."""
+        if what == "add":
+            self.admitted += 1
+            seq = Sequence.from_wire(rest[0], self.dec.decode)
+            try:
+                self.engine.add_request(seq)
+            except Exception as e:  # noqa: BLE001 - refuse this one request, keep serving
+                self._finish(seq, "error", str(e))
+        elif what == "abort":
+            seq = self.engine.abort(rest[0])
+            if seq is not None:
+                self._finish(seq, "abort")
+        elif what == "rejected":
+            self.metrics.on_rejected("rejected")
+        elif what == "metrics":
+            self.outbox.send(("metrics", rest[0], self.metrics.render()))
 
     def _send(self) -> None:
         self.outbox.send(("step", self.events, len(self.engine.running),
@@ -167,8 +196,8 @@ class _Core:
 
 # ------------------------------------------------------------------ HTTP process
 class EngineClient:
-    """The HTTP side's handle on the engine process. Every method but `start_engine` and
-    `stop` runs on the event loop (submit, abort, metrics); the reader thread only receives
+    """The HTTP side's handle on the engine process. submit, abort and metrics_text run on
+    the event loop; a writer thread sends what they queue, and a reader thread only receives
     and hands each message to the loop, where requests are updated."""
 
     def __init__(self, options: dict, max_queue: int) -> None:
@@ -177,7 +206,11 @@ class EngineClient:
         self.up, up_send = ctx.Pipe(duplex=False)
         self.proc = ctx.Process(target=engine_main, args=(options, down_recv, up_send),
                                 name="leapdecode-engine", daemon=True)  # fmt: skip
-        self.proc.start()
+        # started with Ctrl-C blocked, a mask the child inherits until engine_main ignores
+        # Ctrl-C: one pressed meanwhile stops this process (it is held, then delivered here)
+        # and prints no traceback from the child's start-up
+        with _sigint_blocked():
+            self.proc.start()
         down_recv.close()  # the child holds its own ends
         up_send.close()
         self.max_queue = max_queue
@@ -189,12 +222,18 @@ class EngineClient:
         self.pending_metrics: dict[int, asyncio.Future] = {}
         self.gone: str | None = None  # why the engine process is no longer there
         self.stopping = False  # told to stop: its exit is no news
-        self.send_lock = threading.Lock()
+        # messages down go through a writer thread: a full pipe (long prompts while the engine
+        # is in a long step) must not block the event loop
+        self.outgoing: queue.SimpleQueue = queue.SimpleQueue()
+        self.writer = threading.Thread(target=self._write, name="leapdecode-writer", daemon=True)
+        self.writer.start()
         self.reader = threading.Thread(target=self._read, name="leapdecode-reader", daemon=True)
 
     def wait_ready(self) -> dict:
         """Block until the engine process has loaded; its info, or LeapDecodeError."""
         try:
+            if self.up not in wait([self.up, self.proc.sentinel]):
+                raise EOFError
             what, info = self.up.recv()
         except (EOFError, OSError):
             self.proc.join(timeout=5)
@@ -218,17 +257,23 @@ class EngineClient:
             pass
         self.proc.join(timeout=wait_s)
         if self.proc.is_alive():
-            self.proc.terminate()
+            self.proc.kill()  # it ignores SIGTERM (see engine_main)
             self.proc.join(timeout=5)
 
     def _send(self, message: tuple) -> None:
         if self.gone:
             raise EngineGone(self.gone)
-        try:
-            with self.send_lock:
+        self.outgoing.put(message)
+
+    def _write(self) -> None:
+        while True:
+            message = self.outgoing.get()
+            try:
                 self.down.send(message)
-        except (BrokenPipeError, OSError) as e:
-            raise EngineGone(f"the engine process is gone ({e})") from None
+            except OSError:  # the engine process is gone: the reader reports it
+                return
+            if message[0] == "stop":
+                return
 
     # ------------------------------------------------------------ on the loop
     def queued(self) -> int:
@@ -238,28 +283,29 @@ class EngineClient:
     def submit(self, seq: Sequence) -> asyncio.Queue[Event]:
         """Queue a request; its events arrive on the returned queue. Raises QueueFull, or
         EngineGone when the engine process has exited."""
-        if self.gone:
-            raise EngineGone(self.gone)
         if self.queued() >= self.max_queue:
             self._send(("rejected",))
             raise QueueFull
+        self._send(("add", seq.to_wire()))
         events: asyncio.Queue[Event] = asyncio.Queue()
         self.requests[seq.id] = (seq, events)
-        self._send(("add", seq.to_wire()))
         self.sent += 1
         return events
 
     def abort(self, seq_id: int) -> None:
-        if seq_id in self.requests and not self.gone:
+        if seq_id in self.requests and not self.gone:  # (once gone, nothing runs to abort)
             self._send(("abort", seq_id))
 
     async def metrics_text(self) -> bytes:
         """The engine's Prometheus text (asked of the engine process; answered between steps)."""
         ticket = next(self.tickets)
+        self._send(("metrics", ticket))
         future = asyncio.get_running_loop().create_future()
         self.pending_metrics[ticket] = future
-        self._send(("metrics", ticket))
-        return await asyncio.wait_for(future, timeout=30)
+        try:
+            return await asyncio.wait_for(future, timeout=30)
+        finally:
+            self.pending_metrics.pop(ticket, None)
 
     def _deliver(self, message: tuple) -> None:
         what, *rest = message
@@ -273,20 +319,20 @@ class EngineClient:
             held = self.requests.get(seq_id)
             if held is None:
                 continue
-            seq, queue = held
+            seq, events = held
             seq.tokens.extend(tokens)
             if finished:
                 del self.requests[seq_id]
                 seq.finished, seq.finish_reason = True, reason
                 if stats is not None:
                     seq.stats = stats
-            queue.put_nowait(Event(tokens, finished, error))
+            events.put_nowait(Event(tokens, finished, error))
 
     def _lost(self, why: str) -> None:
         self.gone = why
-        for seq, queue in self.requests.values():
+        for seq, events in self.requests.values():
             seq.finished, seq.finish_reason = True, "error"
-            queue.put_nowait(Event([], True, f"internal error: {why}"))
+            events.put_nowait(Event([], True, f"internal error: {why}"))
         self.requests.clear()
         for future in self.pending_metrics.values():
             if not future.done():
@@ -297,6 +343,10 @@ class EngineClient:
     def _read(self) -> None:
         while True:
             try:
+                # the pipe, or the process's end (a grandchild holding the pipe open would
+                # hide it): messages it sent before it ended are read first
+                if self.up not in wait([self.up, self.proc.sentinel]):
+                    raise EOFError
                 message = self.up.recv()
             except (EOFError, OSError):
                 if self.stopping:
