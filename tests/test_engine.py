@@ -1,5 +1,6 @@
 """The engine as a service: continuous batching, per-sequence k, seeded rows, `auto`."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -355,3 +356,50 @@ def test_the_draft_cost_curve_is_draft_s_at_every_batch_size(batches, draft):
     cost.draft_scale = 1.3
     assert cost.draft_curve(0, 24).tolist() == [cost.draft_s(b) for b in range(25)]
     assert cost.draft_curve(3, 9).tolist() == [cost.draft_s(b) for b in range(3, 10)]
+
+
+def test_auto_alone_scores_every_plan_the_batch_search_does(decoder, prompts):
+    """A request alone in the batch (C = 1) is planned one (method, k) at a time in plain
+    Python (Scheduler._auto_alone): under many acceptance estimates and cost models its plan
+    is never worse, by the same goodput, than the vectorised search's for that batch."""
+    rng = np.random.default_rng(0)
+    engine, sched = decoder.engine, decoder.engine.scheduler
+    seq = decoder.request(prompts[0] * 3, method="auto", k=4, max_new_tokens=16)
+    engine.add_request(seq)
+    engine.step()  # prefill
+    seq.tokens.extend(prompts[0][:4])  # the prompt's start again: n-grams match it
+    old = sched.cost
+    same = 0
+    try:
+        for trial in range(60):
+            step, row = rng.uniform(0.002, 0.02), rng.uniform(0.0, 0.004)
+            sched.cost = CostModel((1, 8), (1, 2), ((step, step + row), (4 * step, 4 * step + 8 * row)),
+                                   (rng.uniform(0.0005, 0.01), rng.uniform(0.001, 0.02)))  # fmt: skip
+            sched.cost.overhead_s = rng.uniform(0.0, 0.003)
+            sched.cost.propose["suffix"] = rng.uniform(0.0, 0.001)
+            opts = sched._options(seq)
+            for _, _, est, _ in opts:  # every method's estimate drawn afresh
+                est.rates[1:] = rng.uniform(0.05, 0.98, len(est.rates) - 1)
+            fast = sched._auto_alone(seq, opts, sched.cost)
+            plan = [None]
+            sched._options = lambda s, opts=opts: opts  # the same offers for the batch search
+            try:
+                sched._auto([seq], plan, [0], alone=False)
+            finally:
+                del sched._options
+            goodput = sched._alone_goodput(seq, opts, sched.cost)
+
+            def score(p, goodput=goodput, opts=opts):
+                method, k = p
+                if k == 0:
+                    return goodput("none", 0, 0.0)
+                est, depth = next((e, d) for m, _, e, d in opts if m == method)
+                return goodput(method, k, float(est.gains(depth or k)[-1]))
+
+            assert score(fast) >= score(plan[0]) * (1 - 1e-9), (trial, fast, plan[0])
+            same += fast == plan[0]
+        assert {m for m, _, _, _ in opts} >= {"ngram", "draft"}  # more than one method offered
+        assert same >= 40  # mostly the very same plan
+    finally:
+        sched.cost = old
+        engine.abort(seq.id)

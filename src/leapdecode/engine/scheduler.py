@@ -333,7 +333,51 @@ class Scheduler:
                     if "eagle" in seqs[i].spec.auto_methods)  # fmt: skip
         return cost.propose_s("eagle", depth * 2 * cost.verify_s(1, 1) / layers)
 
-    def _auto(self, seqs, plan, auto: list[int]) -> None:
+    def _auto_alone(self, seq: Sequence, opts, cost: CostModel) -> tuple[str, int]:
+        """`_auto` for a batch of one `auto` row (C = 1): each (method, k) on offer scored
+        with the same goodput, one by one in plain Python. For one row the vectorised
+        search's numpy calls cost more than the few dozen plans they score (0.4 of the
+        0.6 ms auto's plan took a step at C = 1, where a step is about 6 ms)."""
+        goodput = self._alone_goodput(seq, opts, cost)
+        best, plan = goodput("none", 0, 0.0), ("none", 0)
+        for method, lim, est, depth in opts:
+            if depth is None:  # a chain: any k up to lim
+                offered = enumerate(est.gains(lim).tolist(), start=1)
+            else:  # a head's tree: its whole size, worth its depth
+                offered = [(lim, float(est.gains(depth)[-1]))]
+            for k, gain in offered:
+                if gain > 0:
+                    g = goodput(method, k, gain)
+                    if g > best:
+                        best, plan = g, (method, k)
+        return plan
+
+    def _alone_goodput(self, seq: Sequence, opts, cost: CostModel):
+        """goodput(method, k, expected accepted drafts) of a step with `seq` alone: the
+        terms of `_auto`'s cost for a batch of one."""
+        top = max((lim for _, lim, _, _ in opts), default=0)
+        verify = cost.verify_curve(1, 1 + top, len(seq.tokens)).tolist()  # [top + 2]
+        fixed = cost.overhead_s
+        extra = {}  # method -> (seconds once, seconds per draft token)
+        for method, *_ in opts:
+            if method == "draft":
+                steps = seq.room() / 2 * self.draft_share
+                catch = float(cost.catch_up_s(self._unseen(seq))) / max(1.0, steps)
+                extra[method] = (catch, cost.draft_s(1))
+            elif method == "eagle":
+                extra[method] = (self._eagle_s(cost, [seq], [0]), 0.0)
+            else:
+                extra[method] = (cost.propose_s(method), 0.0)
+
+        def goodput(method: str, k: int, gain: float) -> float:
+            if k == 0:
+                return 1.0 / (fixed + verify[1])
+            once, per_draft = extra[method]
+            return (1.0 + gain) / (fixed + verify[1 + k] + once + per_draft * k)
+
+        return goodput
+
+    def _auto(self, seqs, plan, auto: list[int], alone: bool = True) -> None:
         """Choose (method, k) for the `auto` rows; see the module notes.
 
         The verify forward is one [B, 1 + max_i k_i] block (drafts are right-padded to the
@@ -344,6 +388,9 @@ class Scheduler:
         that cost real time) is scored exactly, vectorised over c, and the best plan kept; c = 0 is
         no drafts. A fraction of a millisecond for 16 rows."""
         cost = self.cost or CostModel()  # profiled at the first idle moment (engine.step)
+        if alone and len(seqs) == 1 and auto == [0]:  # one request alone: see _auto_alone
+            plan[0] = self._auto_alone(seqs[0], self._options(seqs[0]), cost)
+            return
         n = len(seqs)
         fixed_tokens, fixed_k, fixed_dk, fixed_dn = float(n), 0, 0, 0
         fixed_used: set[str] = set()
