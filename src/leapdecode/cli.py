@@ -351,7 +351,11 @@ COMMANDS = {"generate": cmd_generate, "train": cmd_train, "demo": cmd_demo, "ben
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="leapdecode: %(message)s")
-    args = build_parser().parse_args(argv)
+    try:
+        parser = build_parser()  # imports transformers: a second or two
+    except KeyboardInterrupt:  # Ctrl-C meanwhile: no traceback
+        return 130
+    args = parser.parse_args(argv)
     try:
         return COMMANDS[args.command](args)
     except LeapDecodeError as e:
