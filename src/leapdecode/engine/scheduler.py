@@ -265,6 +265,12 @@ class Scheduler:
         for used in fed:
             self.draft_share += DRAFT_SHARE_EMA * (float(used) - self.draft_share)
 
+    def _catch_share(self, cost: CostModel, seq: Sequence) -> float:
+        """seq's draft catch-up, charged over the draft steps it is expected to take (its
+        steps left, about two tokens a step, x draft_share)."""
+        steps = seq.room() / 2 * self.draft_share
+        return float(cost.catch_up_s(self._unseen(seq))) / max(1.0, steps)
+
     def _unseen(self, seq: Sequence) -> int:
         """Tokens of `seq` the draft model has not fed yet (it feeds a prompt lazily, and
         what other methods accepted when it drafts next)."""
@@ -361,9 +367,7 @@ class Scheduler:
         extra = {}  # method -> (seconds once, seconds per draft token)
         for method, *_ in opts:
             if method == "draft":
-                steps = seq.room() / 2 * self.draft_share
-                catch = float(cost.catch_up_s(self._unseen(seq))) / max(1.0, steps)
-                extra[method] = (catch, cost.draft_s(1))
+                extra[method] = (self._catch_share(cost, seq), cost.draft_s(1))
             elif method == "eagle":
                 extra[method] = (self._eagle_s(cost, [seq], [0]), 0.0)
             else:
@@ -446,9 +450,7 @@ class Scheduler:
         # spread over those it is expected to take (DRAFT_SHARE_PRIOR above)
         catch = np.zeros(a)  # [A]
         if top_draft:
-            unseen = np.array([self._unseen(seqs[i]) for i in auto], dtype=float)
-            steps = np.array([seqs[i].room() for i in auto], dtype=float) / 2 * self.draft_share
-            catch = cost.catch_up_s(unseen) / np.maximum(1.0, steps)
+            catch = np.array([self._catch_share(cost, seqs[i]) for i in auto])
         caps = ks  # [C] = [K+1]
         # beside fixed draft rows the draft forwards run anyway: any depth up to theirs is free;
         # every draft-model depth kd is scored at once, on a leading axis [D]

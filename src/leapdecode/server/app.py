@@ -1,5 +1,5 @@
 """`leapdecode serve`: an OpenAI-compatible HTTP server on FastAPI, the engine in its own process
-(engine.py).
+(worker.py).
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
 GET /metrics. Streaming is Server-Sent Events ending with `data: [DONE]`. A request may
