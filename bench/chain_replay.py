@@ -94,8 +94,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="models/leap-code-target")
     ap.add_argument("--category", default="revision")
-    ap.add_argument("--cache", default=None, help="recorded outputs (default /tmp/replay-<cat>.json)")
-    ap.add_argument("--configs", default="ngram16,suffix16-tokens,suffix16,suffix16f4-tokens,suffix16f4")
+    ap.add_argument(
+        "--cache", default=None, help="recorded outputs (default /tmp/replay-<cat>.json)"
+    )
+    ap.add_argument(
+        "--configs", default="ngram16,suffix16-tokens,suffix16,suffix16f4-tokens,suffix16f4"
+    )
     args = ap.parse_args()
     path = args.cache or f"/tmp/replay-{args.category}.json"
     if os.path.isfile(path):

@@ -36,9 +36,11 @@ CONFIGS = {
         method="auto", num_speculative_tokens=4, auto_methods=("ngram", "suffix")
     ),
     # the static batch-size -> k table of `leapdecode bench serve` (bench/serve.py STATIC_TABLE)
-    "draft-table": dict(method="draft", num_speculative_tokens=4,
-                        num_speculative_tokens_per_batch_size=((1, 4), (2, 3), (4, 2), (8, 1),
-                                                               (16, 0))),
+    "draft-table": dict(
+        method="draft",
+        num_speculative_tokens=4,
+        num_speculative_tokens_per_batch_size=((1, 4), (2, 3), (4, 2), (8, 1), (16, 0)),
+    ),
     # auto with one acceptance estimate per method (no buckets by the kind of draft offered)
     "auto-flat": dict(method="auto", num_speculative_tokens=4),
 }
@@ -74,8 +76,10 @@ def main() -> None:
         before = [len(s.tokens) for s in seqs]
         t = time.perf_counter()
         out = decode(seqs)
-        steps[-1].update(step_s=time.perf_counter() - t,
-                         emitted=[len(s.tokens) - n for s, n in zip(seqs, before, strict=True)])
+        steps[-1].update(
+            step_s=time.perf_counter() - t,
+            emitted=[len(s.tokens) - n for s, n in zip(seqs, before, strict=True)],
+        )
         return out
 
     def timed_prefill(seqs):

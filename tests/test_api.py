@@ -152,3 +152,21 @@ def test_a_batch_seed_must_leave_room_for_every_row(decoder):
         decoder.generate_batch(["x", "y"], seed=2**64 - 1, temperature=1.0, max_new_tokens=2)
     with pytest.raises(LeapDecodeError, match="seed must be an integer"):
         decoder.generate_batch(["x"], seed="1", max_new_tokens=2)
+
+
+def test_importing_the_package_leaves_torch_for_first_use():
+    """`import leapdecode` is quick (the CLI starts, and takes Ctrl-C, before torch loads);
+    the public names still import as before."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, leapdecode\n"
+        "assert 'torch' not in sys.modules, 'torch imported by the package itself'\n"
+        "from leapdecode import LeapDecoder, GenerationResult, SpecConfig\n"
+        "assert 'torch' in sys.modules and LeapDecoder.__module__ == 'leapdecode.api'\n"
+        "try:\n    leapdecode.NoSuchName\nexcept AttributeError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "has no attribute 'NoSuchName'" in out.stdout

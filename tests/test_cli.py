@@ -184,8 +184,9 @@ def test_errors_name_the_flags_the_user_typed(capsys, target_dir):
                        (["--max-new-tokens", "100000"], "lower --max-new-tokens")):  # fmt: skip
         code, _, err = run_cli(capsys, "generate", "--target", target_dir, *argv, "x")
         assert code == 2 and flag in err, err
-        assert not any(name in err for name in ("suffix_decoding", "draft_min_prob",
-                                                "max_new_tokens"))  # no API field names
+        assert not any(
+            name in err for name in ("suffix_decoding", "draft_min_prob", "max_new_tokens")
+        )  # no API field names
 
 
 def test_auto_checks_every_option_before_profiling(capsys, target_dir):

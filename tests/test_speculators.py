@@ -240,7 +240,9 @@ def test_auto_may_pick_the_heads_and_stays_lossless(dec, prompts, reference, hf_
 
     monkeypatch.setattr(sched, "_eagle_s", lambda *a: 0.0)
     prior = {m: e.copy() for m, e in sched.global_rate.items()}
-    sched.global_rate.update({("medusa", 0): _Estimate.flat(0.0), ("eagle", 0): _Estimate.flat(0.0)})
+    sched.global_rate.update(
+        {("medusa", 0): _Estimate.flat(0.0), ("eagle", 0): _Estimate.flat(0.0)}
+    )
     sched.global_rate[(head, 0)] = good = _Estimate.flat(0.99)
     good.seen[:] = 1000  # a long record: a few poor outcomes do not undo it
 

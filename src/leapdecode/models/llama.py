@@ -376,7 +376,11 @@ class NativeLlama(CausalLM):
             mask = masks[layer.window]
             causal = mask is CAUSAL
             o = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=None if causal else mask, is_causal=causal,
+                q,
+                keys,
+                values,
+                attn_mask=None if causal else mask,
+                is_causal=causal,
                 enable_gqa=h != h_kv,
             )  # [B or width, H, T, D]
             if span_rows is not None:
