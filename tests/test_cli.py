@@ -202,3 +202,27 @@ def test_flag_names_leave_paths_alone():
     assert _flag_names("draft_min_prob must be") == "--draft-min-prob must be"
     msg = "cannot read prompts file '/tmp/max_new_tokens.jsonl' (run draft_min_prob-run)"
     assert _flag_names(msg) == msg
+
+
+def test_demo_on_the_embedded_models_gives_the_same_output_for_every_method(capsys):
+    """The README's main command: every method's row, each with the plain decoding's output."""
+    code, out, err = run_cli(capsys, "demo", "--max-new-tokens", "24", "--repeats", "1")
+    assert code == 0, err
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") == 8}
+    assert set(rows) == {"none", "draft", "ngram", "suffix", "eagle"}  # eagle: head beside target
+    assert all(line.split("│")[7].strip() == "yes" for line in rows.values()), out
+    assert [rows[m].split("│")[2].strip() for m in ("draft", "ngram", "eagle")] == ["2", "16", "6"]
+
+
+def test_demo_methods_and_k_are_checked(capsys, target_dir, draft_dir):
+    models = ("--target", target_dir, "--draft", draft_dir, "--max-new-tokens", "4",
+              "--repeats", "1")  # fmt: skip
+    code, out, err = run_cli(capsys, "demo", *models, "--methods", "ngram", "--k", "3")
+    assert code == 0, err
+    rows = [line.split("│")[1:3] for line in out.splitlines() if line.count("│") == 8]
+    assert [(m.strip(), k.strip()) for m, k in rows] == [("none", "0"), ("ngram", "3")]
+    for bad, says in ((["--methods", "ngram,bogus"], "unknown bogus"),
+                      (["--methods", "auto"], "auto needs a load"),
+                      (["--k", "0"], "--k must be in 1..64"), (["--k", "-3"], "--k must be")):  # fmt: skip
+        code, out, err = run_cli(capsys, "demo", *models, *bad)
+        assert code == 2 and says in err and "Traceback" not in err

@@ -189,7 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="speculative vs plain decoding on the embedded models")
     _add_model_args(demo)
     demo.add_argument("--prompt", default=None, help="prompt text (default: a code snippet)")
-    demo.add_argument("--k", type=int, default=4)
+    demo.add_argument("--methods", default=None,
+                      help="comma-separated (default: none,draft,ngram,suffix and eagle when its "
+                      "head is beside the target)")  # fmt: skip
+    demo.add_argument("--k", type=int, default=None,
+                      help="draft tokens per step for every method (default: each method's best "
+                      "on the embedded pair: draft 2, ngram and suffix 16, eagle 6)")  # fmt: skip
     demo.add_argument("--max-new-tokens", type=int, default=128)
     demo.add_argument("--repeats", type=int, default=3)
 
@@ -332,10 +337,13 @@ def cmd_bench(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    from .config import MAX_K
     from .demo import run_demo
 
     if args.repeats < 1:
         raise LeapDecodeError("--repeats must be >= 1")
+    if args.k is not None and not 1 <= args.k <= MAX_K:
+        raise LeapDecodeError(f"--k must be in 1..{MAX_K} (or leave it out: each method's best)")
     return run_demo(args)
 
 

@@ -25,6 +25,10 @@ def count_words(path):
 # The prompt ends inside the line: a trailing newline would be a lone "\n" token, which
 # byte-level BPE merges with the next line's indent in real code.
 
+# k per method: the best of each on the embedded pair (docs/bench/results.md): a short
+# draft-model chain, long copies for prompt lookup and suffix, a 6-node EAGLE tree.
+DEMO_K = {"draft": 2, "ngram": 16, "suffix": 16, "lookahead": 4, "medusa": 4, "eagle": 6}
+
 FALLBACK_DIR = os.path.join(os.path.expanduser("~"), ".cache", "leapdecode", "demo-pair")
 
 
@@ -61,6 +65,25 @@ def make_fallback_pair(root: str = FALLBACK_DIR) -> tuple[str, str]:
     return target, draft
 
 
+def _methods(names: str | None, dec) -> list[str]:
+    """The demo's methods: `none` first (the baseline), then the speculative ones."""
+    from .config import METHODS
+
+    if names is None:
+        found = [m for m in ("eagle",) if m in dec.speculators]
+        return ["none", "draft", "ngram", "suffix", *found]
+    wanted = [m.strip() for m in names.split(",") if m.strip()]
+    bad = [m for m in wanted if m not in METHODS]
+    if bad or not wanted:
+        raise LeapDecodeError(
+            f"--methods: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(METHODS)}"
+        )
+    if "auto" in wanted:
+        raise LeapDecodeError("--methods: auto needs a load to adapt to; try it with "
+                              "`leapdecode generate --method auto` or `leapdecode serve`")  # fmt: skip
+    return ["none", *[m for m in wanted if m != "none"]]
+
+
 def run_demo(args) -> int:
     from .api import LeapDecoder
     from .paths import DRAFT_NAME, TARGET_NAME, default_model
@@ -80,7 +103,8 @@ def run_demo(args) -> int:
                                       device=args.device, dtype=args.dtype,
                                       draft_dtype=args.draft_dtype,
                                       speculators=args.speculator)  # fmt: skip
-    methods = [("none", 0), ("draft", args.k), ("ngram", args.k)]
+    methods = [(m, 0 if m == "none" else args.k or DEMO_K.get(m, 4))
+               for m in _methods(args.methods, dec)]  # fmt: skip
     dec.generate(prompt, method="none", max_new_tokens=8)  # warm-up
     runs = {m: [] for m, _ in methods}
     with console.status("generating...") as status:
@@ -96,7 +120,7 @@ def run_demo(args) -> int:
         "method",
         "k",
         "tokens/s",
-        "tokens/forward",
+        "tok/forward",
         "accept rate",
         "speedup",
         "same output",
