@@ -9,7 +9,8 @@ run. The first run records the outputs (prompt lookup, lossless) to --cache.
 
 Configurations: ngramK (prompt lookup, k=K), suffixK[fF] (suffix decoding, k=K, draft cap
 factor F, default 1), with `-tokens`: without matching the text's characters
-(proposers/char_lookup.py), the trie matches only.
+(proposers/char_lookup.py), the trie matches only; `best:A+B+..`: at each step the best of
+those drafts in hindsight (the ceiling of any rule choosing among them).
 
     python bench/chain_replay.py --category revision \\
         --configs ngram16,suffix16-tokens,suffix16,suffix16f4-tokens,suffix16f4
@@ -62,31 +63,42 @@ def proposer_for(name: str, strings: list[str]):
 
 
 def replay(refs: list[dict], name: str, strings: list[str]) -> tuple[float, float]:
-    """(tokens per forward, proposer ms per step) over every recorded output."""
+    """(tokens per forward, proposer ms per step) over every recorded output. A name
+    `best:A+B+..` is a hindsight oracle: each step keeps the draft of A, B, .. that the output
+    continues longest, a ceiling for any rule that picks among those proposers."""
+    names = name[5:].split("+") if name.startswith("best:") else [name]
     forwards = tokens = 0
     spent = 0.0
     for i, r in enumerate(refs):
-        k, spec, prop = proposer_for(name, strings)
-        seq = Sequence(i, list(r["prompt"]), len(r["prompt"]), SamplingParams(),
-                       len(r["output"]), 10**6, frozenset(), spec=spec)  # fmt: skip
-        prop.add([seq])
+        runs = []
+        for one in names:
+            k, spec, prop = proposer_for(one, strings)
+            seq = Sequence(i, list(r["prompt"]), len(r["prompt"]), SamplingParams(),
+                           len(r["output"]), 10**6, frozenset(), spec=spec)  # fmt: skip
+            prop.add([seq])
+            runs.append((k, prop, seq))
         out, pos = r["output"], 0
         while pos < len(out):
-            t0 = time.perf_counter()
-            if isinstance(prop, SuffixProposer):
-                draft = prop.speculate(seq, k)[0]
-            else:
-                draft = prop.lookup(seq, k)
-            spent += time.perf_counter() - t0
-            a = 0
-            while a < len(draft) and pos + a < len(out) and draft[a] == out[pos + a]:
-                a += 1
-            n = min(a + 1, len(out) - pos)
-            seq.tokens.extend(out[pos : pos + n])
+            best = 0
+            for k, prop, seq in runs:
+                t0 = time.perf_counter()
+                if isinstance(prop, SuffixProposer):
+                    draft = prop.speculate(seq, k)[0]
+                else:
+                    draft = prop.lookup(seq, k)
+                spent += time.perf_counter() - t0
+                a = 0
+                while a < len(draft) and pos + a < len(out) and draft[a] == out[pos + a]:
+                    a += 1
+                best = max(best, a)
+            n = min(best + 1, len(out) - pos)
+            for _, _, seq in runs:
+                seq.tokens.extend(out[pos : pos + n])
             pos += n
             forwards += 1
             tokens += n
-        prop.remove([seq])
+        for _, prop, seq in runs:
+            prop.remove([seq])
     return tokens / forwards, 1000 * spent / forwards
 
 
