@@ -102,6 +102,9 @@ def test_generation_up_to_the_context_limit(decoder):
         ({"prompt": "x", "seed": 2**70, "temperature": 1.0}, "seed must be an integer from"),
         ({"prompt": "x", "seed": -(2**63) - 1}, "seed must be an integer from"),
         ({"prompt": "y " * 300}, "context"),
+        ({"prompt": 123}, "text .str. or a list of token ids, got int"),
+        ({"prompt": None}, "got NoneType"),
+        ({"prompt": "x", "temperature": float("inf")}, "finite"),
     ],
 )
 def test_bad_input_raises_value_error(decoder, kwargs, needle):

@@ -113,7 +113,8 @@ FLAG_NAMES = {
     "lookahead_max_candidates": "--lookahead-max-candidates",
     "speculative_num_steps": "--speculative-num-steps",
     "speculative_eagle_topk": "--speculative-eagle-topk", "draft_min_prob": "--draft-min-prob",
-    "max_new_tokens": "--max-new-tokens",
+    "max_new_tokens": "--max-new-tokens", "draft_vocab": "--draft-vocab",
+    "max_num_seqs": "--max-num-seqs", "auto_methods": "--auto-methods",
 }  # fmt: skip
 
 
@@ -133,9 +134,10 @@ def engine_options(args) -> dict:
 
 
 def _add_generation_args(p: argparse.ArgumentParser, method_default: str) -> None:
-    p.add_argument("--method", default=method_default, choices=list(METHODS))
+    p.add_argument("--method", default=method_default, choices=list(METHODS),
+                   help=f"how to speculate (default {method_default}: plain decoding)")  # fmt: skip
     p.add_argument("--k", type=int, default=4, help="draft tokens per step (default 4)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=int, default=128, help="(default 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -296,15 +298,19 @@ def cmd_generate(args) -> int:
         print("leapdecode: profiling the step costs for auto (a few seconds)...",
               file=sys.stderr, flush=True)  # fmt: skip
         decoder.engine.scheduler.ensure_cost_model()
-    for prompt in prompts:
+    setting = {"none": "k=0", "lookahead": f"W{args.lookahead_window} N{args.lookahead_ngram_size} "
+               f"G{args.lookahead_max_candidates}"}.get(args.method, f"k={args.k}")  # fmt: skip
+    for i, prompt in enumerate(prompts):
         result = decoder.generate(prompt, **options)
         if args.json:
             print(json.dumps(result.as_dict()), flush=True)
         else:
+            if i:  # several prompts (--prompts-file): a rule between their texts on stdout
+                print("-" * 40, flush=True)
             print(prompt + result.text, flush=True)
             s = result.stats
             print(
-                f"[{args.method} k={0 if args.method == 'none' else args.k}] {s.new_tokens} tokens, {s.as_dict()['tokens_per_s']:.1f} tok/s, "
+                f"[{args.method} {setting}] {s.new_tokens} tokens, {s.as_dict()['tokens_per_s']:.1f} tok/s, "
                 f"acceptance {s.acceptance_rate:.2f}, {s.mean_accepted_tokens:.2f} tokens/forward, "
                 f"finish={result.finish_reason}",
                 file=sys.stderr,
@@ -367,9 +373,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except LeapDecodeError as e:
-        # generate and serve take the SpecConfig fields as FLAG_NAMES' flags (bench run has
+        # generate, serve and demo take the SpecConfig fields as FLAG_NAMES' flags (bench run has
         # its own sweep flags, train its own: their messages stay as raised)
-        message = _flag_names(str(e)) if args.command in ("generate", "serve") else str(e)
+        flags = args.command in ("generate", "serve", "demo")
+        message = _flag_names(str(e)) if flags else str(e)
         print(f"leapdecode: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -38,7 +38,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         t = self.temperature
         if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
-            raise LeapDecodeError(f"temperature must be a number >= 0 (0 = greedy), got {t!r}")
+            raise LeapDecodeError(
+                f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}"
+            )
         if not _is_int(self.top_k) or self.top_k < 0 or self.top_k > MAX_TOP_K:
             raise LeapDecodeError(f"top-k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         p = self.top_p
@@ -163,7 +165,8 @@ class SpecConfig:
             choices = tuple(x.strip() for x in choices.split(",") if x.strip())
         if not isinstance(choices, list | tuple) or any(c not in AUTO_CHOICES for c in choices):
             raise LeapDecodeError(
-                f"auto_methods must be a list of {', '.join(AUTO_CHOICES)}, got {choices!r}"
+                f"auto_methods must be a list of {', '.join(AUTO_CHOICES)}, got "
+                f"{', '.join(map(str, choices)) if isinstance(choices, list | tuple) else repr(choices)}"
             )
         object.__setattr__(self, "auto_methods", tuple(dict.fromkeys(choices)))
 

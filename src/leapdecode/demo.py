@@ -65,13 +65,13 @@ def make_fallback_pair(root: str = FALLBACK_DIR) -> tuple[str, str]:
     return target, draft
 
 
-def _methods(names: str | None, dec) -> list[str]:
-    """The demo's methods: `none` first (the baseline), then the speculative ones."""
+def parse_methods(names: str | None) -> list[str] | None:
+    """--methods, checked before any model loads: `none` first (the baseline), then the
+    speculative ones; None = the default set (see `_default_methods`)."""
     from .config import METHODS
 
     if names is None:
-        found = [m for m in ("eagle",) if m in dec.speculators]
-        return ["none", "draft", "ngram", "suffix", *found]
+        return None
     wanted = [m.strip() for m in names.split(",") if m.strip()]
     bad = [m for m in wanted if m not in METHODS]
     if bad or not wanted:
@@ -82,6 +82,11 @@ def _methods(names: str | None, dec) -> list[str]:
         raise LeapDecodeError("--methods: auto needs a load to adapt to; try it with "
                               "`leapdecode generate --method auto` or `leapdecode serve`")  # fmt: skip
     return ["none", *[m for m in wanted if m != "none"]]
+
+
+def _default_methods(dec) -> list[str]:
+    found = [m for m in ("eagle",) if m in dec.speculators]
+    return ["none", "draft", "ngram", "suffix", *found]
 
 
 def run_demo(args) -> int:
@@ -97,6 +102,9 @@ def run_demo(args) -> int:
         console.print("[yellow]No embedded models in models/: using a small random pair "
                       "(its output is not meaningful code).[/yellow]")  # fmt: skip
         target, draft = make_fallback_pair()
+    names = parse_methods(args.methods)
+    if args.prompt is not None and not args.prompt.strip():
+        raise LeapDecodeError("--prompt is empty: give some text, or leave it out for the demo's")
     prompt = args.prompt or DEMO_PROMPT
     console.print(f"target [bold]{target}[/bold]\ndraft  [bold]{draft}[/bold]")
     dec = LeapDecoder.from_pretrained(target, draft=draft, backend=args.backend,
@@ -104,7 +112,7 @@ def run_demo(args) -> int:
                                       draft_dtype=args.draft_dtype,
                                       speculators=args.speculator)  # fmt: skip
     methods = [(m, 0 if m == "none" else args.k or DEMO_K.get(m, 4))
-               for m in _methods(args.methods, dec)]  # fmt: skip
+               for m in names or _default_methods(dec)]  # fmt: skip
     dec.generate(prompt, method="none", max_new_tokens=8)  # warm-up
     runs = {m: [] for m, _ in methods}
     with console.status("generating...") as status:

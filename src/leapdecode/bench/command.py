@@ -189,6 +189,17 @@ def cmd_run(args) -> int:
         factors = factors[:1]
         medusa_ks, eagle_ks, eagle_depths = medusa_ks[:1], eagle_ks[:1], eagle_depths[:1]
         peer_ks = {"draft": draft_ks, "ngram": ngram_ks}
+    keep = None
+    if args.methods:  # checked before any model loads
+        keep = {m.strip() for m in args.methods.split(",") if m.strip()}
+        unknown = keep - {*runner.OURS, *runner.PEERS}
+        if unknown or not keep:
+            raise LeapDecodeError(
+                f"unknown method {sorted(unknown)[0] if unknown else ''!r} in --methods: use "
+                f"{', '.join([*runner.OURS, *runner.PEERS])}"
+            )
+    if not 0 <= args.draft_min_prob < 1:
+        raise LeapDecodeError("--draft-min-prob must be in [0, 1)")
     sets = workloads.load(args.prompts, cats)
     if per_cat is not None:
         if per_cat < 1:
@@ -206,18 +217,12 @@ def cmd_run(args) -> int:
                                  medusa_ks if "medusa" in heads else (),
                                  eagle_ks if "eagle" in heads else (), eagle_depths,
                                  factors, args.suffix_tokens_only)  # fmt: skip
-    if args.methods:
-        keep = {m.strip() for m in args.methods.split(",") if m.strip()}
-        unknown = keep - {*runner.OURS, *runner.PEERS}
-        if unknown:
-            raise LeapDecodeError(f"unknown method {sorted(unknown)[0]!r} in --methods")
+    if keep:
         methods = [m for m in methods if m.name in keep]
     costs = runner.measure_costs(dec, sorted({*draft_ks, *ngram_ks, *suffix_ks, *tree_ks,
                                                *(m.k for m in methods if m.name in
                                                  ("lookahead", "medusa", "eagle"))}))  # fmt: skip
     t0 = time.perf_counter()
-    if not 0 <= args.draft_min_prob < 1:
-        raise LeapDecodeError("--draft-min-prob must be in [0, 1)")
     partial = os.path.join(args.out, "partial.jsonl")
     if args.fresh and os.path.isfile(partial):
         os.remove(partial)

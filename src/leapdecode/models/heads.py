@@ -83,6 +83,11 @@ def architecture(path: str) -> str:
 
 def kind_of(path: str) -> str:
     cfg = os.path.join(path, "config.json")
+    if not os.path.exists(path):
+        raise LeapDecodeError(
+            f"speculator path {path!r} does not exist: pass a folder written by "
+            "`leapdecode train medusa` or `leapdecode train eagle`"
+        )
     if not os.path.isfile(cfg):
         raise LeapDecodeError(
             f"speculator path {path!r} has no config.json: pass a folder written by "

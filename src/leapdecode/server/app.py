@@ -17,6 +17,7 @@ import json
 import time
 import uuid
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -323,3 +324,22 @@ def create_app(engine: EngineClient, frontend: Frontend, spec: SpecConfig, model
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, saying what it does on Ctrl-C / SIGTERM: the requests in flight
+    finish first (a second Ctrl-C stops at once), otherwise a silent wait."""
+
+    def __init__(self, config: uvicorn.Config, engine: EngineClient) -> None:
+        super().__init__(config)
+        self.engine = engine
+
+    def handle_exit(self, sig, frame) -> None:
+        if not self.should_exit:
+            busy = len(self.engine.requests)
+            what = (f"finishing {busy} request{'s' * (busy != 1)} in flight (Ctrl-C again to "
+                    "stop now)" if busy else "bye")  # fmt: skip
+            print(f"leapdecode: stopping: {what}", flush=True)
+        elif not self.force_exit:
+            print("leapdecode: stopping now", flush=True)
+        super().handle_exit(sig, frame)

@@ -92,13 +92,15 @@ def cmd_serve(args) -> int:
     from ..frontend import Frontend, load_tokenizer
     from ..paths import resolve_models
     from ..threads import resolve_threads
-    from .app import create_app
+    from .app import Server, create_app
     from .worker import EngineClient
 
     if not 0 < args.port < 65536:
         raise LeapDecodeError(f"--port must be in 1..65535, got {args.port}")
     if args.max_queue < 1:
         raise LeapDecodeError("--max-queue must be >= 1")
+    if args.max_num_seqs < 1:
+        raise LeapDecodeError(f"--max-num-seqs must be >= 1, got {args.max_num_seqs}")
     socks = bind(args.host, args.port)
     table = parse_k_table(args.k_per_batch_size) if args.k_per_batch_size else ()
     spec = SpecConfig(method=args.speculation, num_speculative_tokens=args.k,
@@ -133,6 +135,6 @@ def cmd_serve(args) -> int:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     gc.collect()
     gc.freeze()
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server = Server(uvicorn.Config(app, log_level="warning"), engine)
     server.run(sockets=socks)
     return 0

@@ -216,6 +216,11 @@ def _llama_config(args, tokenizer):
 def _load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
+    if not os.path.exists(path):
+        raise LeapDecodeError(
+            f"{path!r} does not exist: pass a folder with tokenizer.json (a model folder, or "
+            "one written by `leapdecode train tokenizer`)"
+        )
     if not os.path.isfile(os.path.join(path, "tokenizer.json")):
         raise LeapDecodeError(
             f"{path!r} has no tokenizer.json: run `leapdecode train tokenizer` first"

@@ -62,6 +62,8 @@ def _check(args) -> None:
         raise LeapDecodeError("--ttt-steps must be in 1..16")
     if getattr(args, "draft_vocab", 16) < 16:
         raise LeapDecodeError("--draft-vocab must be >= 16")
+    if not os.path.exists(args.target):
+        raise LeapDecodeError(f"--target {args.target!r} does not exist: pass the target's folder")
     if not os.path.isfile(os.path.join(args.target, "config.json")):
         raise LeapDecodeError(f"--target {args.target!r} is not a model folder (no config.json)")
 
