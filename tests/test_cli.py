@@ -126,17 +126,27 @@ def bad_cases(tmp_path, target_dir, draft_dir, other_draft):
             "--auto-methods must be a list of ngram, suffix, draft, medusa, eagle, got magic",
         ),  # fmt: skip
         "infinite temperature": (t + ["--temperature", "inf", "x"], "finite number"),
-        "negative draft vocabulary": (t + ["--method", "draft", "--draft", draft_dir,
-                                           "--draft-vocab", "-3", "x"], "--draft-vocab"),  # fmt: skip
-        "missing speculator": (t + ["--method", "eagle", "--speculator", str(tmp_path / "nope"),
-                                    "x"], "speculator path"),  # fmt: skip
-        "train with a missing target": (["train", "draft", "--target", str(tmp_path / "nope"),
-                                         "--out", str(tmp_path / "o")], "does not exist"),  # fmt: skip
+        "negative draft vocabulary": (
+            t + ["--method", "draft", "--draft", draft_dir, "--draft-vocab", "-3", "x"],
+            "--draft-vocab",
+        ),  # fmt: skip
+        "missing speculator": (
+            t + ["--method", "eagle", "--speculator", str(tmp_path / "nope"), "x"],
+            "speculator path",
+        ),  # fmt: skip
+        "train with a missing target": (
+            ["train", "draft", "--target", str(tmp_path / "nope"), "--out", str(tmp_path / "o")],
+            "does not exist",
+        ),  # fmt: skip
         "demo with an empty prompt": (["demo", "--prompt", " "], "--prompt is empty"),
-        "bench with an unknown method": (["bench", "run", "--methods", "magic", "--no-peers"],
-                                         "unknown method 'magic'"),  # fmt: skip
-        "serve with no slots": (["serve", "--target", target_dir, "--max-num-seqs", "0"],
-                                "--max-num-seqs must be >= 1"),  # fmt: skip
+        "bench with an unknown method": (
+            ["bench", "run", "--methods", "magic", "--no-peers"],
+            "unknown method 'magic'",
+        ),  # fmt: skip
+        "serve with no slots": (
+            ["serve", "--target", target_dir, "--max-num-seqs", "0"],
+            "--max-num-seqs must be >= 1",
+        ),  # fmt: skip
     }
 
 
