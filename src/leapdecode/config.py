@@ -164,9 +164,11 @@ class SpecConfig:
         if isinstance(choices, str):
             choices = tuple(x.strip() for x in choices.split(",") if x.strip())
         if not isinstance(choices, list | tuple) or any(c not in AUTO_CHOICES for c in choices):
+            got = (
+                ", ".join(map(str, choices)) if isinstance(choices, list | tuple) else repr(choices)
+            )
             raise LeapDecodeError(
-                f"auto_methods must be a list of {', '.join(AUTO_CHOICES)}, got "
-                f"{', '.join(map(str, choices)) if isinstance(choices, list | tuple) else repr(choices)}"
+                f"auto_methods must be a list of {', '.join(AUTO_CHOICES)}, got {got}"
             )
         object.__setattr__(self, "auto_methods", tuple(dict.fromkeys(choices)))
 

@@ -69,11 +69,13 @@ class Frontend:
                 raise LeapDecodeError("the prompt is empty: give at least one character")
             ids = self.tokenizer.encode(prompt, add_special_tokens=True)
         else:
-            if not isinstance(prompt, list | tuple | range) and not hasattr(prompt, "tolist"):
+            if hasattr(prompt, "tolist"):  # a tensor or an array of ids
+                prompt = prompt.tolist()
+            if not isinstance(prompt, list | tuple | range):
                 raise LeapDecodeError(
                     f"the prompt must be text (str) or a list of token ids, got {type(prompt).__name__}"
                 )
-            ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
+            ids = list(prompt)
             if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
                 raise LeapDecodeError("token ids must be integers")
             bad = [t for t in ids if not 0 <= t < self.vocab_size]
