@@ -80,7 +80,7 @@ def tiny(tmp_path_factory, target_dir, draft_dir):
     for cat, rows in workloads.load(PROMPTS).items():
         cut = [{**r, "prompt": r["prompt"][-160:]} for r in rows[:2]]
         (prompts / f"{cat}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in cut))
-    return ["--target", target, "--draft", draft_dir, "--prompts", str(prompts)]
+    return ["--target", target, "--draft", draft_dir, "--prompts", str(prompts), "--no-vllm"]
 
 
 def test_quick_bench_writes_table_json_and_plots(tmp_path, tiny):
@@ -125,7 +125,7 @@ def test_quick_bench_writes_table_json_and_plots(tmp_path, tiny):
     ],
 )
 def test_bench_bad_input_is_one_line(capsys, tmp_path, argv, needle):
-    code = main(["bench", "run", "--out", str(tmp_path), *argv])
+    code = main(["bench", "run", "--out", str(tmp_path), "--no-vllm", *argv])
     err = capsys.readouterr().err
     assert code == 2 and needle in err and "Traceback" not in err
 

@@ -228,7 +228,8 @@ def test_flag_names_leave_paths_alone():
 
 def test_demo_on_the_embedded_models_gives_the_same_output_for_every_method(capsys):
     """The README's main command: every method's row, each with the plain decoding's output."""
-    code, out, err = run_cli(capsys, "demo", "--max-new-tokens", "24", "--repeats", "1")
+    code, out, err = run_cli(capsys, "demo", "--max-new-tokens", "24", "--repeats", "1",
+                             "--no-vllm")  # fmt: skip
     assert code == 0, err
     rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") == 8}
     assert set(rows) == {"none", "draft", "ngram", "suffix", "eagle"}  # eagle: head beside target
@@ -236,9 +237,29 @@ def test_demo_on_the_embedded_models_gives_the_same_output_for_every_method(caps
     assert [rows[m].split("│")[2].strip() for m in ("draft", "ngram", "eagle")] == ["2", "16", "6"]
 
 
+def test_demo_prompt_is_a_revision_the_embedded_target_gets_right():
+    """The demo's default prompt asks for an argument rename; the target's greedy output
+    begins with the correct edit, as code_edits.rename makes it from the original."""
+    import re
+
+    from leapdecode import LeapDecoder, code_edits
+    from leapdecode.demo import DEMO_PROMPT
+    from leapdecode.paths import TARGET_NAME, default_model
+
+    original = DEMO_PROMPT.split("# Original:\n", 1)[1].split("\n# Task: ", 1)[0]
+    old, new = re.search(r"rename the argument `(\w+)` to `(\w+)`", DEMO_PROMPT).groups()
+    head, rest = code_edits.rename(original, old, new).split("\n", 1)
+    assert old != new and new in rest  # a body that uses the argument: something to edit
+    assert DEMO_PROMPT.endswith("# Revised:\n" + head)  # ends inside the revised signature
+    dec = LeapDecoder.from_pretrained(default_model(TARGET_NAME))
+    out = dec.generate(DEMO_PROMPT, method="none", max_new_tokens=128)
+    assert out.text.startswith("\n" + rest), out.text
+
+
 def test_demo_methods_and_k_are_checked(capsys, target_dir, draft_dir):
+    # a short prompt: the test models hold 256 tokens, and their tokenizer splits the demo's
     models = ("--target", target_dir, "--draft", draft_dir, "--max-new-tokens", "4",
-              "--repeats", "1")  # fmt: skip
+              "--repeats", "1", "--prompt", "def f(x):\n    return x", "--no-vllm")  # fmt: skip
     code, out, err = run_cli(capsys, "demo", *models, "--methods", "ngram", "--k", "3")
     assert code == 0, err
     rows = [line.split("│")[1:3] for line in out.splitlines() if line.count("│") == 8]

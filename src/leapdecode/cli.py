@@ -199,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
                       "on the embedded pair: draft 2, ngram and suffix 16, eagle 6)")  # fmt: skip
     demo.add_argument("--max-new-tokens", type=int, default=128)
     demo.add_argument("--repeats", type=int, default=3)
+    demo.add_argument("--no-vllm", action="store_true",
+                      help="skip vLLM's rows (shown when its environment is there: "
+                      "bash bench/vllm_env.sh)")  # fmt: skip
+    demo.add_argument("--vllm-python", default=None, metavar="PATH",
+                      help="the vLLM environment's interpreter (default: $LEAPDECODE_VLLM_PYTHON "
+                      "or .venv-vllm)")  # fmt: skip
 
     from .bench.command import add_parsers as add_bench
     from .server.command import add_parser as add_serve

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import time
 
 from rich.console import Console
 from rich.syntax import Syntax
@@ -11,17 +12,25 @@ from rich.table import Table
 
 from .errors import LeapDecodeError
 
-DEMO_PROMPT = '''import os
+# A code revision in the benchmark's format (code_edits.revision): the held-out function
+# dataclasses.py:_set_new_attribute (validation split of models/leap-code-target's
+# corpus_manifest.json), its argument `value` renamed to `new_value`. The embedded (v1)
+# target's greedy output is the correct edit, the rest of the function as code_edits.rename
+# gives it, then end of text (tests/test_cli.py checks it): about 60 new tokens, nearly all
+# copied from the prompt, which prompt lookup (ngram) and suffix decoding pick up.
+DEMO_PROMPT = """# Original:
+def _set_new_attribute(cls, name, value):
+    # Never overwrites an existing attribute.  Returns True if the
+    # attribute already exists.
+    if name in cls.__dict__:
+        return True
+    _set_qualname(cls, value)
+    setattr(cls, name, value)
+    return False
 
-
-def count_lines(path):
-    """Return the number of lines in the file at path."""
-    with open(path) as f:
-        return sum(1 for _ in f)
-
-
-def count_words(path):
-    """Return the number of words in the file at path."""'''
+# Task: rename the argument `value` to `new_value`; change nothing else.
+# Revised:
+def _set_new_attribute(cls, name, new_value):"""
 # The prompt ends inside the line: a trailing newline would be a lone "\n" token, which
 # byte-level BPE merges with the next line's indent in real code.
 
@@ -30,6 +39,12 @@ def count_words(path):
 DEMO_K = {"draft": 2, "ngram": 16, "suffix": 16, "lookahead": 4, "medusa": 4, "eagle": 6}
 
 FALLBACK_DIR = os.path.join(os.path.expanduser("~"), ".cache", "leapdecode", "demo-pair")
+VLLM_DIR = os.path.join(os.path.expanduser("~"), ".cache", "leapdecode", "demo-vllm")
+# our method -> vLLM's row beside it, and vLLM's k where its best differs from ours (its
+# eagle3 drafts a chain, ours a tree of 6 nodes)
+VLLM_OF = {"none": "vllm", "draft": "vllm-draft", "ngram": "vllm-ngram", "suffix": "vllm-suffix",
+           "eagle": "vllm-eagle3"}  # fmt: skip
+VLLM_K = {"vllm-eagle3": 3}
 
 
 def make_fallback_pair(root: str = FALLBACK_DIR) -> tuple[str, str]:
@@ -113,17 +128,35 @@ def run_demo(args) -> int:
                                       speculators=args.speculator)  # fmt: skip
     methods = [(m, 0 if m == "none" else args.k or DEMO_K.get(m, 4))
                for m in names or _default_methods(dec)]  # fmt: skip
-    dec.generate(prompt, method="none", max_new_tokens=8)  # warm-up
-    runs = {m: [] for m, _ in methods}
-    with console.status("generating...") as status:
-        for r in range(args.repeats):
-            for m, k in methods:  # interleaved, so that machine noise hits every method alike
-                status.update(f"repeat {r + 1}/{args.repeats}: {m}")
-                runs[m].append(dec.generate(prompt, method=m, k=max(k, 1),
-                                            max_new_tokens=args.max_new_tokens))  # fmt: skip
-    base = runs["none"][0]
-    console.print(Syntax(prompt + base.text, "python", theme="ansi_dark", line_numbers=False))
-    table = Table(title=f"Greedy, {args.max_new_tokens} new tokens, median of {args.repeats}")
+    # warm-up: no longer than the runs, so a prompt that fits them fits it too
+    dec.generate(prompt, method="none", max_new_tokens=min(8, args.max_new_tokens))
+    vllm = None if args.no_vllm else _vllm_rows(console, args, dec, target, draft, methods)
+    rows = methods + [(label, k) for label, k in (vllm.rows if vllm else [])]
+    runs = {m: [] for m, _ in rows}  # (tokens, seconds, stats or None) per run
+    ids = dec.encode(prompt)
+    try:
+        with console.status("generating...") as status:
+            for r in range(args.repeats):
+                for m, k in rows:  # interleaved, so that machine noise hits every row alike
+                    status.update(f"repeat {r + 1}/{args.repeats}: {m}")
+                    if m.startswith("vllm"):
+                        secs, tokens, forwards, proposed, accepted = vllm.peers.generate(
+                            m, ids, args.max_new_tokens
+                        )
+                        runs[m].append((tokens, secs, (forwards, proposed, accepted)))
+                        continue
+                    t0 = time.perf_counter()  # timed as vLLM's rows are: call in, tokens out
+                    out = dec.generate(ids, method=m, k=max(k, 1),
+                                       max_new_tokens=args.max_new_tokens)  # fmt: skip
+                    runs[m].append((out.token_ids, time.perf_counter() - t0, out.stats))
+    finally:
+        if vllm is not None:
+            vllm.peers.close()
+    base = runs["none"][0][0]
+    console.print(Syntax(prompt + dec.decode(base), "python", theme="ansi_dark",
+                         line_numbers=False))  # fmt: skip
+    table = Table(title=f"Greedy, at most {args.max_new_tokens} new tokens, median of "
+                  f"{args.repeats}")  # fmt: skip
     for col in (
         "method",
         "k",
@@ -134,13 +167,57 @@ def run_demo(args) -> int:
         "same output",
     ):
         table.add_column(col, justify="right" if col != "method" else "left")
-    base_tps = statistics.median(r.stats.as_dict()["tokens_per_s"] for r in runs["none"])
-    for m, k in methods:
-        tps = statistics.median(r.stats.as_dict()["tokens_per_s"] for r in runs[m])
-        s = runs[m][0].stats
-        same = all(r.token_ids == base.token_ids for r in runs[m])
-        table.add_row(m, str(k), f"{tps:.1f}", f"{s.mean_accepted_tokens:.2f}",
-                      f"{s.acceptance_rate:.2f}" if k else "-", f"{tps / base_tps:.2f}x",
-                      "yes" if same else "NO")  # fmt: skip
+
+    def tps(m: str) -> float:
+        return statistics.median(len(t) / secs for t, secs, _ in runs[m])
+
+    for m, k in rows:
+        tokens, _, s = runs[m][0]
+        if isinstance(s, tuple):  # vLLM: (target forwards, drafted, accepted)
+            forwards, proposed, accepted = s
+            per_fwd = (accepted + forwards - 1) / max(1, forwards - 1)  # per decode forward
+            rate = f"{accepted / proposed:.2f}" if proposed else "-"
+        else:
+            per_fwd, rate = s.mean_accepted_tokens, f"{s.acceptance_rate:.2f}" if k else "-"
+        same = all(t == base for t, _, _ in runs[m])
+        table.add_row(m, str(k), f"{tps(m):.1f}", f"{per_fwd:.2f}", rate,
+                      f"{tps(m) / tps('none'):.2f}x", "yes" if same else "NO")  # fmt: skip
     console.print(table)
+    if vllm is None and not args.no_vllm:
+        console.print("vLLM's rows are shown when its CPU build is there: bash bench/vllm_env.sh")
     return 0
+
+
+class _VllmRows:
+    def __init__(self, peers, rows: list[tuple[str, int]]) -> None:
+        self.peers, self.rows = peers, rows
+
+
+def _vllm_rows(console, args, dec, target: str, draft: str | None, methods) -> _VllmRows | None:
+    """vLLM's counterparts of the demo's methods, one engine each (None without vLLM)."""
+    from .bench.vllm_peer import VllmPeers, find_python, spec_config
+
+    python = find_python(args.vllm_python)
+    if python is None:
+        return None
+    names = [(VLLM_OF[m], k) for m, k in methods if m in VLLM_OF]
+    names = [(n, VLLM_K.get(n, k)) for n, k in names if n != "vllm-draft" or draft]
+    eagle3 = None
+    if any(n == "vllm-eagle3" for n, _ in names):
+        from .models.heads import beside, kind_of
+        from .speculators_export import export_speculators
+
+        head = next(p for p in (args.speculator or beside(target)) if kind_of(p) == "eagle")
+        eagle3 = os.path.join(VLLM_DIR, "eagle3-head")
+        export_speculators(head, target, eagle3, verifier=os.path.abspath(target),
+                           dtype=str(dec.target.dtype).replace("torch.", ""))  # fmt: skip
+    labels = [(n if n == "vllm" else f"{n} k={k}", n, k) for n, k in names]
+    configs = [(label, spec_config(n, k, draft=os.path.abspath(draft) if draft else None,
+                                   eagle3=eagle3)) for label, n, k in labels]  # fmt: skip
+    console.print(f"vLLM's rows: loading {len(configs)} vLLM engines from {python} (about a "
+                  "minute each; --no-vllm skips them)")  # fmt: skip
+    import torch
+
+    peers = VllmPeers(python, target, configs, str(dec.target.dtype).replace("torch.", ""),
+                      dec.target.max_context, torch.get_num_threads(), VLLM_DIR)  # fmt: skip
+    return _VllmRows(peers, [(label, 0 if n == "vllm" else k) for label, n, k in labels])

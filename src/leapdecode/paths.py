@@ -11,7 +11,9 @@ import os
 
 from .errors import LeapDecodeError
 
-DEFAULT_MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "models")
+# the source checkout (src/leapdecode/ -> ..); the embedded models and bench files live there
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_MODELS = os.path.join(REPO, "models")
 TARGET_NAME, DRAFT_NAME = "leap-code-target", "leap-code-draft"
 
 

@@ -11,8 +11,8 @@ import torch
 
 from ..config import MAX_K
 from ..errors import LeapDecodeError
+from ..paths import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
 PROMPTS = os.path.join(REPO, "bench", "prompts")
 
 
@@ -114,10 +114,24 @@ def add_parsers(sub, model_args) -> None:
         "--peer-ngram-k", default=None, help="k for prompt lookup (default: --ngram-k)"
     )
     run.add_argument("--no-peers", action="store_true", help="skip the transformers peers")
+    run.add_argument("--vllm-python", default=None, metavar="PATH",
+                     help="the vLLM environment's interpreter (default: $LEAPDECODE_VLLM_PYTHON, "
+                     "else .venv-vllm/bin/python when `bash bench/vllm_env.sh` built it)")  # fmt: skip
+    run.add_argument("--no-vllm", action="store_true", help="skip the vLLM peers")
+    run.add_argument("--vllm-draft-k", default="2,3", help="k for vLLM's draft_model")
+    run.add_argument("--vllm-ngram-k", default=None, help="k for vLLM's ngram (default: --ngram-k)")
+    run.add_argument("--vllm-suffix-k", default=None,
+                     help="k for vLLM's suffix (default: --suffix-k)")  # fmt: skip
+    run.add_argument("--vllm-eagle-k", default="2,3,4",
+                     help="k for vLLM's eagle3 with our exported head (a chain of k)")  # fmt: skip
+    run.add_argument("--vllm-leap-k", default=None,
+                     help="k for our proposers inside vLLM (default: the largest --ngram-k "
+                     "and --suffix-k)")  # fmt: skip
     run.add_argument("--methods", default=None,
                      help="only these, comma-separated (none, draft, ngram, ngram-tree, suffix, "
                      "suffix-tree, lookahead, medusa, eagle, hf-generate, hf-assisted, "
-                     "hf-lookup)")  # fmt: skip
+                     "hf-lookup, vllm, vllm-ngram, vllm-draft, vllm-suffix, vllm-eagle3, "
+                     "vllm-leap-suffix, vllm-leap-ngram)")  # fmt: skip
     from .serve import add_parser as add_serve
     from .serve import add_soak_parser
 
@@ -192,12 +206,28 @@ def cmd_run(args) -> int:
     keep = None
     if args.methods:  # checked before any model loads
         keep = {m.strip() for m in args.methods.split(",") if m.strip()}
-        unknown = keep - {*runner.OURS, *runner.PEERS}
+        unknown = keep - {*runner.OURS, *runner.PEERS, *runner.VLLM}
         if unknown or not keep:
             raise LeapDecodeError(
                 f"unknown method {sorted(unknown)[0] if unknown else ''!r} in --methods: use "
-                f"{', '.join([*runner.OURS, *runner.PEERS])}"
+                f"{', '.join([*runner.OURS, *runner.PEERS, *runner.VLLM])}"
             )
+    vllm_ks = {"vllm-draft": _ks(args.vllm_draft_k, "--vllm-draft-k"),
+               "vllm-eagle3": _ks(args.vllm_eagle_k, "--vllm-eagle-k"),
+               "vllm-ngram": _ks(args.vllm_ngram_k, "--vllm-ngram-k") if args.vllm_ngram_k else ngram_ks,
+               "vllm-suffix": _ks(args.vllm_suffix_k, "--vllm-suffix-k") if args.vllm_suffix_k else suffix_ks}  # fmt: skip
+    leap_ks = _ks(args.vllm_leap_k, "--vllm-leap-k") if args.vllm_leap_k else None
+    if args.quick:
+        vllm_ks = {name: ks[:1] for name, ks in vllm_ks.items()}
+    vllm_python = None
+    if not args.no_vllm and (keep is None or keep & set(runner.VLLM)):
+        from .vllm_peer import HINT, check_python, find_python
+
+        vllm_python = find_python(args.vllm_python)
+        if vllm_python is None:
+            print(f"no vLLM environment found, so the vLLM peers are skipped: {HINT}")
+        else:
+            print(f"vLLM {check_python(vllm_python)} from {vllm_python}")
     if not 0 <= args.draft_min_prob < 1:
         raise LeapDecodeError("--draft-min-prob must be in [0, 1)")
     sets = workloads.load(args.prompts, cats)
@@ -217,8 +247,14 @@ def cmd_run(args) -> int:
                                  medusa_ks if "medusa" in heads else (),
                                  eagle_ks if "eagle" in heads else (), eagle_depths,
                                  factors, args.suffix_tokens_only)  # fmt: skip
+    if vllm_python is not None:
+        methods += runner.vllm_method_list(vllm_ks, draft is not None, "eagle" in heads,
+                                           leap_ks or [max(ngram_ks)], leap_ks or [max(suffix_ks)])  # fmt: skip
     if keep:
         methods = [m for m in methods if m.name in keep]
+    vllm = None
+    if any(m.vllm for m in methods):
+        vllm = _vllm_peers(args, vllm_python, target, draft, dec, methods)
     costs = runner.measure_costs(dec, sorted({*draft_ks, *ngram_ks, *suffix_ks, *tree_ks,
                                                *(m.k for m in methods if m.name in
                                                  ("lookahead", "medusa", "eagle"))}))  # fmt: skip
@@ -226,8 +262,13 @@ def cmd_run(args) -> int:
     partial = os.path.join(args.out, "partial.jsonl")
     if args.fresh and os.path.isfile(partial):
         os.remove(partial)
-    records = runner.run(dec, peers, sets, methods, repeats, cap, args.draft_min_prob, partial,
-                         _signature(args, target, draft, dec, sets, methods, repeats, cap))  # fmt: skip
+    try:
+        records = runner.run(dec, peers, sets, methods, repeats, cap, args.draft_min_prob, partial,
+                             _signature(args, target, draft, dec, sets, methods, repeats, cap),
+                             vllm)  # fmt: skip
+    finally:
+        if vllm is not None:
+            vllm.close()
     elapsed = time.perf_counter() - t0
 
     prompts = {row["id"]: dec.encode(row["prompt"]) for rows in sets.values() for row in rows}
@@ -241,6 +282,11 @@ def cmd_run(args) -> int:
 
     mism = lossless.check(records, logits_fn, dec.target.dtype, prompts)
     meta = _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed)
+    if vllm is not None:
+        meta["vllm"] = {"python": vllm_python, "load_s": vllm.load_s, "version": vllm.version}
+        meta["setup"] += (f" vLLM {vllm.version} (CPU build, its offline LLM API, one engine per "
+                          "configuration, each loaded before the run; timed inside its worker "
+                          "from LLM.generate in to its last token out).")  # fmt: skip
     cells = report.aggregate(records, costs, mism)
     paths = report.write(cells, meta, args.out)
     _summary(cells)
@@ -248,6 +294,30 @@ def cmd_run(args) -> int:
     print(f"{len(records)} prompt x method cells in {elapsed:.0f} s; wrote {paths['markdown']}, "
           f"{paths['json']} and {paths['plots']}")  # fmt: skip
     return 0
+
+
+def _vllm_peers(args, python, target, draft, dec, methods):
+    """Load one vLLM engine per vLLM method, our EAGLE head exported for its eagle3 first."""
+    from .vllm_peer import VllmPeers, spec_config
+
+    eagle3 = None
+    if any(m.name == "vllm-eagle3" for m in methods):
+        from ..models.heads import beside, kind_of
+        from ..speculators_export import export_speculators
+
+        head = next(p for p in (args.speculator or beside(target)) if kind_of(p) == "eagle")
+        eagle3 = os.path.join(os.path.abspath(args.out), "vllm", "eagle3-head")
+        export_speculators(head, target, eagle3, verifier=os.path.abspath(target),
+                           dtype=str(dec.target.dtype).replace("torch.", ""))  # fmt: skip
+    from ..config import SpecConfig
+
+    lookup = (SpecConfig().prompt_lookup_min, SpecConfig().prompt_lookup_max)  # ours, the same
+    configs = [(m.label, spec_config(m.name, m.k, draft=os.path.abspath(draft) if draft else None,
+                                     eagle3=eagle3, lookup=lookup))
+               for m in methods if m.vllm]  # fmt: skip
+    return VllmPeers(python, target, configs, str(dec.target.dtype).replace("torch.", ""),
+                     dec.target.max_context, torch.get_num_threads(),
+                     os.path.join(args.out, "vllm"))  # fmt: skip
 
 
 def _signature(args, target, draft, dec, sets, methods, repeats, cap) -> dict:
@@ -342,6 +412,13 @@ def cmd_serve(args) -> int:
     from .serve import cmd_serve_bench
 
     args.concurrency = _ks(args.concurrency, "--concurrency")
+    args.vllm_ngram_k = _ks(args.vllm_ngram_k, "--vllm-ngram-k")
+    bad = {c.strip() for c in (args.vllm_configs or "").split(",") if c.strip()} - {
+        "none", "ngram", "eagle3"}  # fmt: skip
+    if bad:
+        raise LeapDecodeError(f"--vllm-configs takes none, ngram, eagle3, not {sorted(bad)[0]!r}")
+    if not 1 <= args.vllm_eagle_k <= MAX_K:
+        raise LeapDecodeError(f"--vllm-eagle-k must be in 1..{MAX_K}")
     args.draft_k, args.ngram_k = _ks(args.draft_k, "--draft-k"), _ks(args.ngram_k, "--ngram-k")
     args.suffix_k = _ks(args.suffix_k, "--suffix-k") if args.suffix_k else []
     args.lookahead = _wngs(args.lookahead) if args.lookahead else []

@@ -11,7 +11,8 @@ import os
 from collections import defaultdict
 
 from ..metrics import mean_accepted_tokens
-from .runner import COUNTERPART, Record
+from .runner import BASELINES, COUNTERPART, Record
+from .vllm_peer import COUNTERPART as VLLM_COUNTERPART
 
 
 def predicted_speedup(alpha: float, k: int, c: float) -> float:
@@ -40,8 +41,8 @@ def aggregate(records: list[Record], costs: dict, mismatches: dict) -> list[dict
             a = sum(r.accepted_by_position[i] for r in rs if i < len(r.accepted_by_position))
             by_pos.append(a / p if p else None)
         r0 = rs[0]
-        ours = not r0.name.startswith("hf-")
-        alpha = accepted / proposed if proposed else None
+        ours = not r0.name.startswith(("hf-", "vllm"))
+        alpha = accepted / proposed if proposed else None  # vLLM counts its drafts too
         c = costs.get("c") if r0.name == "draft" else 0.0
         decode = sum(r.propose_s + r.verify_s + r.accept_s for r in rs)
         cells.append({
@@ -54,7 +55,7 @@ def aggregate(records: list[Record], costs: dict, mismatches: dict) -> list[dict
             "mean_accepted_tokens": (
                 mean_accepted_tokens(sum(r.accepted for r in rs), steps) if steps else None
             ),
-            "acceptance_rate": alpha if ours else None,
+            "acceptance_rate": alpha,
             "acceptance_by_position": by_pos if ours else None,
             "mean_proposed_per_step": proposed / steps if ours and steps else None,
             "draft_forwards": sum(r.draft_forwards for r in rs),
@@ -81,6 +82,8 @@ def aggregate(records: list[Record], costs: dict, mismatches: dict) -> list[dict
     for cell in cells:
         base = by_key.get((cell["category"], "none"))
         hf = by_key.get((cell["category"], "hf-generate"))
+        vllm = by_key.get((cell["category"], "vllm"))
+        cell["speedup_vs_vllm"] = cell["tokens_per_s"] / vllm["tokens_per_s"] if vllm else None
         cell["speedup_vs_none"] = cell["tokens_per_s"] / base["tokens_per_s"] if base else None
         cell["speedup_vs_hf_generate"] = cell["tokens_per_s"] / hf["tokens_per_s"] if hf else None
         pred = cell["predicted_speedup"]
@@ -101,6 +104,51 @@ def aggregate(records: list[Record], costs: dict, mismatches: dict) -> list[dict
                 cell["tokens_per_s"] / peer["tokens_per_s"] if peer else None
             )
     return cells
+
+
+def vllm_rows(cells: list[dict]) -> list[dict]:
+    """Per category and method of ours with a vLLM counterpart: each side at its best k,
+    and ours / theirs (tokens/s)."""
+    rows = []
+    cats = list(dict.fromkeys(c["category"] for c in cells))
+    for cat in cats:
+        for ours, theirs in VLLM_COUNTERPART.items():
+            a, b = best(cells, cat, ours), best(cells, cat, theirs)
+            if a is None or b is None:
+                continue
+            rows.append({"category": cat, "ours": a, "vllm": b,
+                         "ratio": a["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else None})  # fmt: skip
+        for name in ("vllm-leap-suffix", "vllm-leap-ngram"):  # ours inside vLLM, beside vLLM's own
+            a = best(cells, cat, name)
+            b = best(cells, cat, "vllm-" + name.removeprefix("vllm-leap-"))
+            if a is not None and b is not None:
+                rows.append({"category": cat, "ours": a, "vllm": b,
+                             "ratio": a["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else None})  # fmt: skip
+    return rows
+
+
+def _setting(c: dict) -> str:
+    """A cell's setting: its label less the method's name (k=16, W3 N4 G3, ...)."""
+    return "" if c["name"] in BASELINES else f" ({c['method'].removeprefix(c['name'] + ' ')})"
+
+
+def vllm_markdown(cells: list[dict]) -> list[str]:
+    rows = vllm_rows(cells)
+    if not rows:
+        return []
+    lines = ["", "## Compared with vLLM (each at its best k)", "",
+             "tokens/s, request in to last token out, prefill included; `vllm-leap-*` are "
+             "leapdecode's proposers running inside vLLM (`leapdecode.integrations.vllm`), "
+             "beside vLLM's own; tok/fwd = tokens per target decode forward.", "",
+             "| category | ours | tok/s | tok/fwd | vLLM | tok/s | tok/fwd | ours / vLLM |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        a, b = r["ours"], r["vllm"]
+        lines.append(f"| {r['category']} | {a['name']}{_setting(a)} | {a['tokens_per_s']:.0f} "
+                     f"| {_f(a['mean_accepted_tokens'])} | {b['name']}{_setting(b)} "
+                     f"| {b['tokens_per_s']:.0f} | {_f(b['mean_accepted_tokens'])} "
+                     f"| **{_f(r['ratio'])}** |")  # fmt: skip
+    return lines
 
 
 def best(cells: list[dict], category: str, name: str) -> dict | None:
@@ -129,14 +177,10 @@ def markdown(cells: list[dict], meta: dict) -> str:
             row.append(
                 "–"
                 if b is None
-                else f"{b['tokens_per_s']:.0f} tok/s, {_f(b['speedup_vs_none'])}x"
-                + (  # the setting: its label less the method's name (k=16, W3 N4 G3, ...)
-                    ""
-                    if b["name"] in ("none", "hf-generate")
-                    else f" ({b['method'].removeprefix(b['name'] + ' ')})"
-                )
+                else f"{b['tokens_per_s']:.0f} tok/s, {_f(b['speedup_vs_none'])}x" + _setting(b)
             )
         lines.append(f"| {name} | " + " | ".join(row) + " |")
+    lines += vllm_markdown(cells)
     looks = list(dict.fromkeys(c["method"] for c in cells if c["name"] == "lookahead"))
     if looks:
         lines += ["", "## Lookahead by window W, n-gram size N, candidates G", "",
@@ -160,9 +204,9 @@ def markdown(cells: list[dict], meta: dict) -> str:
         "(1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)); eff = measured / pred; split = share of "
         "decode time in proposer / verify forward / accept; ms/step = the same in milliseconds per "
         "decode step; mism = mismatching prompts vs the reference (non-tie + tie).", "",
-        "| category | method | tok/s | x none | x HF generate | x HF counterpart | tok/fwd | fwd/token "
-        "| alpha | by position | pred | eff | split | ms/step | mism |",
-        "|---" * 15 + "|",
+        "| category | method | tok/s | x none | x HF generate | x vLLM | x HF counterpart | tok/fwd "
+        "| fwd/token | alpha | by position | pred | eff | split | ms/step | mism |",
+        "|---" * 16 + "|",
     ]  # fmt: skip
     for cat in cats:
         for c in [c for c in cells if c["category"] == cat]:
@@ -185,7 +229,8 @@ def markdown(cells: list[dict], meta: dict) -> str:
             m = c["mismatches"]
             lines.append(
                 f"| {cat} | {c['method']} | {c['tokens_per_s']:.1f} | {_f(c['speedup_vs_none'])} "
-                f"| {_f(c['speedup_vs_hf_generate'])} | {_f(c.get('speedup_vs_counterpart'))} "
+                f"| {_f(c['speedup_vs_hf_generate'])} | {_f(c['speedup_vs_vllm'])} "
+                f"| {_f(c.get('speedup_vs_counterpart'))} "
                 f"| {_f(c['mean_accepted_tokens'])} | {_f(c['target_forwards_per_token'], '.3f')} "
                 f"| {_f(c['acceptance_rate'])} | {pos_s} | {_f(c['predicted_speedup'])} "
                 f"| {_f(c['efficiency'])} | {split_s} | {ms_s} | {m['non_tie']} + {m['tie']} |"
@@ -209,13 +254,30 @@ def plots(cells: list[dict], out_dir: str) -> list[str]:
     for j, name in enumerate(names):
         ys = [(best(cells, cat, name) or {}).get("speedup_vs_none") or 0.0 for cat in cats]
         xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(cats))]
-        ax.bar(xs, ys, width, label=name, hatch="//" if name.startswith("hf-") else None)
+        hatch = "//" if name.startswith("hf-") else ".." if name.startswith("vllm") else None
+        ax.bar(xs, ys, width, label=name, hatch=hatch)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks(range(len(cats)), cats)
     ax.set_ylabel("speedup over leapdecode none (best k)")
     ax.set_title("Speedup by category and method (greedy)")
     ax.legend(fontsize=8, ncol=2)
     paths.append(_save(fig, out_dir, "speedup_by_category.png"))
+
+    rows = vllm_rows(cells)
+    if rows:  # ours / vLLM's counterpart, each at its best k
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        pairs = list(dict.fromkeys(r["ours"]["name"] for r in rows))
+        width = 0.8 / len(pairs)
+        for j, name in enumerate(pairs):
+            got = {r["category"]: r["ratio"] or 0.0 for r in rows if r["ours"]["name"] == name}
+            xs = [i + (j - (len(pairs) - 1) / 2) * width for i in range(len(cats))]
+            ax.bar(xs, [got.get(cat, 0.0) for cat in cats], width, label=name)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xticks(range(len(cats)), cats)
+        ax.set_ylabel("tokens/s: ours / vLLM's counterpart (best k each)")
+        ax.set_title("leapdecode against vLLM CPU, method by method (greedy)")
+        ax.legend(fontsize=8, ncol=2)
+        paths.append(_save(fig, out_dir, "vs_vllm.png"))
 
     for key, ylabel, fname in (
         ("mean_accepted_tokens", "tokens per target forward", "accepted_vs_k.png"),
@@ -227,14 +289,14 @@ def plots(cells: list[dict], out_dir: str) -> list[str]:
             for name in names:
                 pts = sorted((c["k"], c[key]) for c in cells
                              if c["category"] == cat and c["name"] == name and c[key] is not None)  # fmt: skip
-                if name in ("none", "hf-generate"):
+                if name in BASELINES:
                     if pts and key == "tokens_per_s":
-                        ax.axhline(pts[0][1], ls="--", lw=1, label=name,
-                                   color="black" if name == "none" else "grey")  # fmt: skip
+                        color = {"none": "black", "vllm": "tab:red"}.get(name, "grey")
+                        ax.axhline(pts[0][1], ls="--", lw=1, label=name, color=color)
                     continue
                 if pts:
-                    ax.plot(*zip(*pts, strict=True), marker="o", label=name,
-                            ls=":" if name.startswith("hf-") else "-")  # fmt: skip
+                    ls = ":" if name.startswith("hf-") else "-." if name.startswith("vllm") else "-"
+                    ax.plot(*zip(*pts, strict=True), marker="o", label=name, ls=ls)
             ax.set_title(cat)
             ax.set_xlabel("k")
         axes[0].set_ylabel(ylabel)

@@ -35,9 +35,12 @@ from ..api import LeapDecoder
 from ..config import SpecConfig
 from ..errors import LeapDecodeError
 
-# leapdecode method -> its Hugging Face transformers counterpart
+# leapdecode method -> its Hugging Face transformers counterpart (vLLM's: vllm_peer.COUNTERPART)
 COUNTERPART = {"none": "hf-generate", "draft": "hf-assisted", "ngram": "hf-lookup"}
 PEERS = tuple(COUNTERPART.values())
+VLLM = ("vllm", "vllm-ngram", "vllm-draft", "vllm-suffix", "vllm-eagle3",
+        "vllm-leap-suffix", "vllm-leap-ngram")  # vllm_peer.NAMES  # fmt: skip
+BASELINES = ("none", "hf-generate", "vllm")  # no speculation: no k in the label
 
 
 OURS = (
@@ -56,7 +59,8 @@ OURS = (
 @dataclass(frozen=True)
 class Method:
     # none | draft | ngram | ngram-tree | suffix | suffix-tree | lookahead | medusa | eagle |
-    # hf-generate | hf-assisted | hf-lookup ("-tree": the method with use_tree_spec)
+    # hf-generate | hf-assisted | hf-lookup | vllm | vllm-ngram | ... (VLLM)
+    # ("-tree": the method with use_tree_spec)
     name: str
     k: int = 0  # draft tokens (tree methods: nodes) per step
     opts: tuple = ()  # further SpecConfig fields, as (name, value) pairs
@@ -72,7 +76,7 @@ class Method:
 
     @property
     def label(self) -> str:
-        if self.name in ("none", "hf-generate"):
+        if self.name in BASELINES:
             return self.name
         if self.name == "lookahead":
             o = self.options
@@ -90,7 +94,11 @@ class Method:
 
     @property
     def ours(self) -> bool:
-        return not self.name.startswith("hf-")
+        return not self.name.startswith(("hf-", "vllm"))
+
+    @property
+    def vllm(self) -> bool:
+        return self.name.startswith("vllm")
 
 
 def lookahead(w: int, n: int, g: int) -> Method:
@@ -160,9 +168,31 @@ def method_list(draft_ks, ngram_ks, peer_ks, with_draft: bool, with_peers: bool,
     return methods
 
 
-def _run_once(dec: LeapDecoder, peers, m: Method, ids, max_new: int, min_prob: float):
-    """(seconds, tokens, stats or None, target forwards)."""
+def vllm_method_list(ks: dict[str, list[int]], with_draft: bool, with_eagle: bool,
+                     leap_ngram_ks=(), leap_suffix_ks=()) -> list[Method]:  # fmt: skip
+    """vLLM's configurations: ks = {"vllm-ngram": [...], "vllm-draft": ..., "vllm-suffix": ...,
+    "vllm-eagle3": ...}; eagle3 runs our exported head, draft_model our draft; leap_*_ks:
+    our own proposers inside vLLM."""
+    methods = [Method("vllm")]
+    methods += [Method("vllm-ngram", k) for k in ks["vllm-ngram"]]
+    if with_draft:
+        methods += [Method("vllm-draft", k) for k in ks["vllm-draft"]]
+    methods += [Method("vllm-suffix", k) for k in ks["vllm-suffix"]]
+    if with_eagle:
+        methods += [Method("vllm-eagle3", k) for k in ks["vllm-eagle3"]]
+    methods += [Method("vllm-leap-ngram", k) for k in leap_ngram_ks]
+    methods += [Method("vllm-leap-suffix", k) for k in leap_suffix_ks]
+    return methods
+
+
+def _run_once(dec: LeapDecoder, peers, m: Method, ids, max_new: int, min_prob: float,
+              vllm=None):  # fmt: skip
+    """(seconds, tokens, stats, target forwards): stats are ours, {"proposed", "accepted"}
+    for vLLM (its own counters), None for transformers."""
     gc.collect()  # no method pays for garbage another one left
+    if m.vllm:  # timed inside the vLLM worker, around LLM.generate
+        secs, tokens, forwards, proposed, accepted = vllm.generate(m.label, ids, max_new)
+        return secs, tokens, {"proposed": proposed, "accepted": accepted}, forwards
     if m.ours:
         t0 = time.perf_counter()
         out = dec.generate(ids, method=m.method, k=m.k, max_new_tokens=max_new,
@@ -242,8 +272,10 @@ def _append(path: str, obj: dict) -> None:
 @torch.no_grad()
 def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Method],
         repeats: int, max_new_cap: int | None = None, draft_min_prob: float = 0.0,
-        partial: str | None = None, signature: dict | None = None) -> list[Record]:  # fmt: skip
-    """partial: file that keeps finished prompts' records; resumed when its signature matches."""
+        partial: str | None = None, signature: dict | None = None,
+        vllm=None) -> list[Record]:  # fmt: skip
+    """partial: file that keeps finished prompts' records; resumed when its signature matches;
+    vllm: the vLLM peers (vllm_peer.VllmPeers) when methods hold any."""
     done = load_partial(partial, signature or {})
     if partial and not done:
         os.makedirs(os.path.dirname(os.path.abspath(partial)), exist_ok=True)
@@ -255,7 +287,7 @@ def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Meth
     first = next(iter(sets.values()))[0]
     warm_ids = dec.encode(first["prompt"])
     for m in methods:  # warm-up: allocator, oneDNN kernels, caches
-        _run_once(dec, peers, m, warm_ids, 16, draft_min_prob)
+        _run_once(dec, peers, m, warm_ids, 16, draft_min_prob, vllm)
 
     with _frozen_heap():
         records: list[Record] = []
@@ -286,7 +318,7 @@ def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Meth
                     for m in round_order(methods, rep):
                         bar.set_postfix_str(f"{cat} {row['id']} {m.label}")
                         secs, tokens, stats, forwards = _run_once(
-                            dec, peers, m, ids, max_new, draft_min_prob
+                            dec, peers, m, ids, max_new, draft_min_prob, vllm
                         )
                         r = recs[m]
                         r.seconds.append(secs)
@@ -326,9 +358,11 @@ def _frozen_heap():
 def _fill_stats(r: Record, runs) -> None:
     """Counters from the first run (they repeat exactly); time split from the median run."""
     stats = runs[0][1]
-    if stats is None:  # a transformers peer: only its forwards and tokens are known
+    if stats is None or isinstance(stats, dict):  # a peer: its forwards and tokens are known
         r.decode_steps = r.target_forwards - 1
         r.accepted = max(0, len(r.tokens) - 1 - r.decode_steps)  # tokens past one per forward
+        if stats is not None:  # vLLM counts what it drafted
+            r.proposed = stats["proposed"]
         return
     r.decode_steps = stats.decode_steps
     r.draft_forwards = stats.draft_forwards

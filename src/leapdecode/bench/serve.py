@@ -42,7 +42,8 @@ STATIC_TABLE = {"1": 4, "2": 3, "4": 2, "8": 1, "16": 0}
 @dataclass
 class Config:
     label: str
-    speculation: dict
+    speculation: dict | None  # our request's `speculation`; None: a peer's server
+    url: str | None = None  # a peer's own server (None: ours)
 
 
 def configs(has_draft: bool, draft_ks: list[int], ngram_ks: list[int], suffix_ks=(),
@@ -71,14 +72,15 @@ def configs(has_draft: bool, draft_ks: list[int], ngram_ks: list[int], suffix_ks
     return out
 
 
-def _one_request(client, model: str, row: dict, spec: dict) -> dict:
+def _one_request(client, model: str, row: dict, spec: dict | None) -> dict:
     t0 = time.perf_counter()
     first = None
     stamps = []
     usage = spec_stats = None
     stream = client.completions.create(
         model=model, prompt=row["prompt"], max_tokens=row["max_new_tokens"], temperature=0,
-        stream=True, extra_body={"speculation": spec},
+        stream=True, stream_options={"include_usage": True},
+        extra_body={"speculation": spec} if spec is not None else None,
     )  # fmt: skip
     for chunk in stream:
         now = time.perf_counter()
@@ -131,6 +133,12 @@ def run_load(url: str, model: str, rows: list[dict], cfg: Config, concurrency: i
     import openai
 
     local = threading.local()
+    url = cfg.url or url
+    if cfg.url is not None:  # a peer's server
+        from .vllm_serve import SERVED_NAME, spec_counts
+
+        model = SERVED_NAME
+        before = spec_counts(url)
 
     def one(i: int) -> dict:
         if not hasattr(local, "client"):
@@ -146,6 +154,10 @@ def run_load(url: str, model: str, rows: list[dict], cfg: Config, concurrency: i
     tokens = sum(r["tokens"] for r in results)
     fwd = [r["spec"] for r in results if r["spec"]]
     mat = statistics.mean(s["mean_accepted_tokens"] for s in fwd) if fwd else 0.0
+    if cfg.url is not None:  # vLLM: 1 + accepted drafts per drafting step (its counters)
+        after = spec_counts(url)
+        steps, accepted = after[0] - before[0], after[1] - before[1]
+        mat = 1.0 + accepted / steps if steps else 1.0
     return {"throughput": tokens / wall, "tokens": tokens, "wall_s": wall, "errors": errors,
             "ttft": [r["ttft"] for r in results], "itl": [r["itl"] for r in results],
             "mean_accepted_tokens": mat}  # fmt: skip
@@ -269,7 +281,8 @@ def cmd_serve_bench(args) -> int:
         if args.url
         else local_server(args, ("--suffix-max-cached-requests", "0"))
     )
-    with server as (url, _):
+    peer = _vllm_peer(args) if args.peer == "vllm" else nullcontext([])
+    with server as (url, _), peer as peer_cfgs:
         info = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]
         model = info["id"]
         has_draft = not args.no_draft and (args.url is not None or _local_draft(args))
@@ -278,6 +291,7 @@ def cmd_serve_bench(args) -> int:
         if args.configs:
             keep = set(args.configs.split(",")) | {"none"}  # none: every ratio's baseline
             cfgs = [c for c in cfgs if c.label.split(" ")[0] in keep or c.label in keep]
+        cfgs = cfgs[:-1] + peer_cfgs + cfgs[-1:]  # auto stays last
         # warm-up: every configuration once
         for c in cfgs:
             run_load(url, model, rows, c, 1, 1, 0)
@@ -301,6 +315,43 @@ def cmd_serve_bench(args) -> int:
         bar.close()
     print(open(os.path.join(args.out, "results.md")).read())
     return 0
+
+
+@contextmanager
+def _vllm_peer(args):
+    """vLLM's servers for --peer vllm: yields their Configs."""
+    from ..config import SpecConfig
+    from ..paths import resolve_models
+    from ..threads import available_cores
+    from .vllm_peer import HINT, check_python, find_python
+    from .vllm_serve import configs as vllm_configs
+    from .vllm_serve import vllm_servers
+
+    python = find_python(args.vllm_python)
+    if python is None:
+        raise LeapDecodeError(f"--peer vllm: no vLLM environment found. {HINT}")
+    print(f"vLLM {check_python(python)} from {python}")
+    target = resolve_models(args.target, None)[0]
+    eagle3 = None
+    if "eagle" in _heads(args):
+        from ..models.heads import beside, kind_of
+        from ..speculators_export import export_speculators
+
+        head = next(p for p in (args.speculator or beside(target)) if kind_of(p) == "eagle")
+        eagle3 = os.path.join(os.path.abspath(args.out), "vllm", "eagle3-head")
+        export_speculators(head, target, eagle3, verifier=os.path.abspath(target),
+                           dtype=args.dtype if args.dtype != "auto" else "float32")  # fmt: skip
+    lookup = (SpecConfig().prompt_lookup_min, SpecConfig().prompt_lookup_max)
+    cfgs = vllm_configs(args.vllm_ngram_k, args.vllm_eagle_k, eagle3, STATIC_TABLE,
+                        max(args.concurrency), lookup)  # fmt: skip
+    if args.vllm_configs:
+        keep = {c.strip() for c in args.vllm_configs.split(",") if c.strip()}
+        cfgs = [(label, spec) for label, spec in cfgs if label.split(" ")[1] in keep]
+    threads = args.threads or max(1, available_cores() - 1)  # as our server gets
+    dtype = args.dtype if args.dtype != "auto" else "float32"
+    with vllm_servers(python, target, cfgs, dtype, max(args.concurrency), threads,
+                      os.path.join(args.out, "vllm")) as urls:  # fmt: skip
+        yield [Config(label, None, urls[label]) for label, _ in cfgs]
 
 
 def _local_draft(args) -> bool:
@@ -332,7 +383,7 @@ def summarize(cells, cfgs, levels) -> list[dict]:
         same = [r for r in out if r["concurrency"] == row["concurrency"]]
         base = next((r for r in same if r["config"] == "none"), None)
         row["vs_none"], row["vs_none_rounds"] = _paired(row, base)
-        fixed = [r for r in same if r["config"] != "auto"]
+        fixed = [r for r in same if r["config"] != "auto" and not r["config"].startswith("vllm")]
         best = max(fixed, key=lambda r: r["throughput"], default=None)
         row["best_fixed"] = best["config"] if best else None
         row["vs_best_fixed"], row["vs_best_fixed_rounds"] = _paired(row, best)
@@ -396,6 +447,30 @@ def write(summary: list[dict], meta: dict, out_dir: str) -> None:
         lines.append(f"| {c} | {best['config']} | {best['throughput']:.0f} | {auto['throughput']:.0f} "
                      f"| {auto['vs_best_fixed']:.2f} ({min(spread):.2f}-{max(spread):.2f}) "
                      f"| {auto['vs_none']:.2f} | {vs_table} |")  # fmt: skip
+    peers = [label for label in labels if label.startswith("vllm")]
+    if peers:
+        lines += ["", "## `auto` against vLLM's configurations", "",
+                  "auto / vLLM configuration throughput at the same concurrency: the median of "
+                  "the per-round ratios (their range); the last column is vLLM's best "
+                  "configuration at that concurrency.", "",
+                  "| concurrency | " + " | ".join(peers) + " | auto / vLLM's best |",
+                  "|---|" + "---|" * (len(peers) + 1)]  # fmt: skip
+        for c in levels:
+            auto = get.get(("auto", c))
+            theirs = [get[(p, c)] for p in peers if (p, c) in get]
+            if auto is None or not theirs:
+                continue
+            cells = []
+            for p in peers:
+                r = get.get((p, c))
+                ratio, rounds = _paired(auto, r)
+                cells.append("-" if r is None else f"{ratio:.2f} ({min(rounds or [ratio]):.2f}-"
+                             f"{max(rounds or [ratio]):.2f})")  # fmt: skip
+            best = max(theirs, key=lambda r: r["throughput"])
+            ratio, rounds = _paired(auto, best)
+            cells.append(f"**{ratio:.2f}** ({best['config'].removeprefix('vllm ')}; "
+                         f"{min(rounds or [ratio]):.2f}-{max(rounds or [ratio]):.2f})")  # fmt: skip
+            lines.append(f"| {c} | " + " | ".join(cells) + " |")
     lines += ["", "## Latency (seconds): time to first token p50 / p90, inter-token p50 / p90", "",
               "| configuration | C | TTFT p50 | TTFT p90 | ITL p50 | ITL p90 | tokens/forward | errors |",
               "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -419,7 +494,8 @@ def _plots(summary, levels, labels, out_dir) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label in labels:
         xs = [c for c in levels if (label, c) in get]
-        style = dict(lw=2.5, color="black") if label == "auto" else dict(lw=1.2)
+        style = (dict(lw=2.5, color="black") if label == "auto"
+                 else dict(lw=1.2, ls="--") if label.startswith("vllm") else dict(lw=1.2))  # fmt: skip
         ax.plot(xs, [get[(label, c)]["throughput"] for c in xs], "o-", label=label, **style)
     ax.set_xscale("log", base=2)
     ax.set_xticks(levels, [str(c) for c in levels])
@@ -473,6 +549,16 @@ def add_parser(what, model_args, prompts_dir: str) -> None:
     sv.add_argument("--requests-min", type=int, default=8)
     sv.add_argument("--max-new-tokens", type=int, default=None, help="cap each prompt's budget")
     sv.add_argument("--out", default=os.path.join("docs", "bench", "serve"))
+    sv.add_argument("--peer", choices=("vllm",), default=None,
+                    help="also load-test `vllm serve` (one server per configuration) beside ours")  # fmt: skip
+    sv.add_argument("--vllm-python", default=None, metavar="PATH",
+                    help="the vLLM environment's interpreter (default: $LEAPDECODE_VLLM_PYTHON "
+                    "or .venv-vllm)")  # fmt: skip
+    sv.add_argument("--vllm-ngram-k", default="4,8", help="k for vLLM's ngram servers")
+    sv.add_argument("--vllm-eagle-k", type=int, default=3, help="k for vLLM's eagle3 server")
+    sv.add_argument("--vllm-configs", default=None,
+                    help="only these vLLM servers (none, ngram, eagle3: comma-separated; "
+                    "'ngram' includes the dynamic schedule)")  # fmt: skip
 
 
 def cmd_soak(args) -> int:

