@@ -275,7 +275,7 @@ def test_demo_adds_vllms_rows_when_its_environment_is_there(capsys, embedded):
     out, err = capsys.readouterr()
     assert code == 0, err
     rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") == 8}
-    assert set(rows) == {"none", "ngram", "vllm", "vllm-ngram k=16"}, out
+    assert set(rows) == {"none", "ngram", "vllm", "vllm-ngram"}, out
     assert all(line.split("│")[7].strip() == "yes" for line in rows.values()), out
 
 

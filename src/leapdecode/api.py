@@ -82,9 +82,9 @@ class LeapDecoder:
         suffix = self.engine.proposers.get("suffix")
         if suffix is not None and tokenizer is not None:  # each token's characters, for
             # matching the text on them (without a tokenizer: tokens only)
-            vocab = self.target.vocab_size
-            names = tokenizer.convert_ids_to_tokens(list(range(min(vocab, len(tokenizer)))))
-            suffix.token_strings = [n or "" for n in names] + [""] * max(0, vocab - len(names))
+            from .proposers.suffix import token_strings
+
+            suffix.token_strings = token_strings(tokenizer, self.target.vocab_size)
         self.frontend = Frontend(tokenizer, self.eos_token_ids, target.vocab_size,
                                  target.max_context, self.engine.check)  # fmt: skip
 

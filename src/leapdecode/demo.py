@@ -39,11 +39,7 @@ def _set_new_attribute(cls, name, new_value):"""
 DEMO_K = {"draft": 2, "ngram": 16, "suffix": 16, "lookahead": 4, "medusa": 4, "eagle": 6}
 
 FALLBACK_DIR = os.path.join(os.path.expanduser("~"), ".cache", "leapdecode", "demo-pair")
-VLLM_DIR = os.path.join(os.path.expanduser("~"), ".cache", "leapdecode", "demo-vllm")
-# our method -> vLLM's row beside it, and vLLM's k where its best differs from ours (its
-# eagle3 drafts a chain, ours a tree of 6 nodes)
-VLLM_OF = {"none": "vllm", "draft": "vllm-draft", "ngram": "vllm-ngram", "suffix": "vllm-suffix",
-           "eagle": "vllm-eagle3"}  # fmt: skip
+# vLLM's k where its best differs from ours (its eagle3 drafts a chain, ours a 6-node tree)
 VLLM_K = {"vllm-eagle3": 3}
 
 
@@ -122,10 +118,12 @@ def run_demo(args) -> int:
         raise LeapDecodeError("--prompt is empty: give some text, or leave it out for the demo's")
     prompt = args.prompt or DEMO_PROMPT
     console.print(f"target [bold]{target}[/bold]\ndraft  [bold]{draft}[/bold]")
+    # no global suffix tree: the repeats would find the first repeat's own output in it
     dec = LeapDecoder.from_pretrained(target, draft=draft, backend=args.backend,
                                       device=args.device, dtype=args.dtype,
                                       draft_dtype=args.draft_dtype,
-                                      speculators=args.speculator)  # fmt: skip
+                                      speculators=args.speculator,
+                                      suffix_decoding_max_cached_requests=0)  # fmt: skip
     methods = [(m, 0 if m == "none" else args.k or DEMO_K.get(m, 4))
                for m in names or _default_methods(dec)]  # fmt: skip
     # warm-up: no longer than the runs, so a prompt that fits them fits it too
@@ -194,30 +192,39 @@ class _VllmRows:
 
 
 def _vllm_rows(console, args, dec, target: str, draft: str | None, methods) -> _VllmRows | None:
-    """vLLM's counterparts of the demo's methods, one engine each (None without vLLM)."""
-    from .bench.vllm_peer import VllmPeers, find_python, spec_config
+    """vLLM's counterparts of the demo's methods, one engine each (None without vLLM, or
+    when its engines do not start: the demo goes on without them, saying why)."""
+    import torch
+
+    from .bench.vllm_peer import (
+        COUNTERPART,
+        LOGS,
+        VllmPeers,
+        dtype_name,
+        export_eagle3,
+        find_python,  # fmt: skip
+        spec_config,
+    )
 
     python = find_python(args.vllm_python)
     if python is None:
         return None
-    names = [(VLLM_OF[m], k) for m, k in methods if m in VLLM_OF]
+    names = [(COUNTERPART[m], k) for m, k in methods if m in COUNTERPART]
     names = [(n, VLLM_K.get(n, k)) for n, k in names if n != "vllm-draft" or draft]
-    eagle3 = None
-    if any(n == "vllm-eagle3" for n, _ in names):
-        from .models.heads import beside, kind_of
-        from .speculators_export import export_speculators
-
-        head = next(p for p in (args.speculator or beside(target)) if kind_of(p) == "eagle")
-        eagle3 = os.path.join(VLLM_DIR, "eagle3-head")
-        export_speculators(head, target, eagle3, verifier=os.path.abspath(target),
-                           dtype=str(dec.target.dtype).replace("torch.", ""))  # fmt: skip
-    labels = [(n if n == "vllm" else f"{n} k={k}", n, k) for n, k in names]
-    configs = [(label, spec_config(n, k, draft=os.path.abspath(draft) if draft else None,
-                                   eagle3=eagle3)) for label, n, k in labels]  # fmt: skip
-    console.print(f"vLLM's rows: loading {len(configs)} vLLM engines from {python} (about a "
-                  "minute each; --no-vllm skips them)")  # fmt: skip
-    import torch
-
-    peers = VllmPeers(python, target, configs, str(dec.target.dtype).replace("torch.", ""),
-                      dec.target.max_context, torch.get_num_threads(), VLLM_DIR)  # fmt: skip
+    dtype = dtype_name(dec.target.dtype)
+    labels = [(n, n, k) for n, k in names]  # one row per method; its k has a column
+    try:
+        eagle3 = None
+        if any(n == "vllm-eagle3" for n, _ in names):
+            eagle3 = export_eagle3(args.speculator, target, os.path.join(LOGS, "eagle3-head"),
+                                   dtype)  # fmt: skip
+        configs = [(label, spec_config(n, k, draft=os.path.abspath(draft) if draft else None,
+                                       eagle3=eagle3)) for label, n, k in labels]  # fmt: skip
+        console.print(f"vLLM's rows: loading {len(configs)} vLLM engines from {python} (about a "
+                      "minute each; --no-vllm skips them)")  # fmt: skip
+        peers = VllmPeers(python, target, configs, dtype, dec.target.max_context,
+                          torch.get_num_threads(), vocab_size=dec.target.vocab_size)  # fmt: skip
+    except LeapDecodeError as e:
+        console.print(f"[yellow]vLLM's rows are left out: {e}[/yellow]")
+        return None
     return _VllmRows(peers, [(label, 0 if n == "vllm" else k) for label, n, k in labels])

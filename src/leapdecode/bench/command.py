@@ -252,9 +252,9 @@ def cmd_run(args) -> int:
                                            leap_ks or [max(ngram_ks)], leap_ks or [max(suffix_ks)])  # fmt: skip
     if keep:
         methods = [m for m in methods if m.name in keep]
-    vllm = None
-    if any(m.vllm for m in methods):
-        vllm = _vllm_peers(args, vllm_python, target, draft, dec, methods)
+    if not methods:
+        raise LeapDecodeError(f"--methods {args.methods}: none of these can run here (no vLLM "
+                              "environment, no draft or no heads); see the lines above")  # fmt: skip
     costs = runner.measure_costs(dec, sorted({*draft_ks, *ngram_ks, *suffix_ks, *tree_ks,
                                                *(m.k for m in methods if m.name in
                                                  ("lookahead", "medusa", "eagle"))}))  # fmt: skip
@@ -262,7 +262,11 @@ def cmd_run(args) -> int:
     partial = os.path.join(args.out, "partial.jsonl")
     if args.fresh and os.path.isfile(partial):
         os.remove(partial)
+    vllm = None
     try:
+        if any(m.vllm for m in methods):
+            vllm = _vllm_peers(args, vllm_python, target, draft, dec, methods)
+            t0 = time.perf_counter()  # the run's time, not the engines' loading
         records = runner.run(dec, peers, sets, methods, repeats, cap, args.draft_min_prob, partial,
                              _signature(args, target, draft, dec, sets, methods, repeats, cap),
                              vllm)  # fmt: skip
@@ -283,7 +287,8 @@ def cmd_run(args) -> int:
     mism = lossless.check(records, logits_fn, dec.target.dtype, prompts)
     meta = _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed)
     if vllm is not None:
-        meta["vllm"] = {"python": vllm_python, "load_s": vllm.load_s, "version": vllm.version}
+        meta["vllm"] = {"python": vllm_python, "load_s": vllm.load_s, "version": vllm.version,
+                        "logs": vllm.log_dir}  # fmt: skip
         meta["setup"] += (f" vLLM {vllm.version} (CPU build, its offline LLM API, one engine per "
                           "configuration, each loaded before the run; timed inside its worker "
                           "from LLM.generate in to its last token out).")  # fmt: skip
@@ -297,27 +302,18 @@ def cmd_run(args) -> int:
 
 
 def _vllm_peers(args, python, target, draft, dec, methods):
-    """Load one vLLM engine per vLLM method, our EAGLE head exported for its eagle3 first."""
-    from .vllm_peer import VllmPeers, spec_config
+    """Load one vLLM engine per vLLM method (and export our EAGLE head for its eagle3)."""
+    from .vllm_peer import LOGS, VllmPeers, dtype_name, export_eagle3, spec_config
 
+    dtype = dtype_name(dec.target.dtype)
     eagle3 = None
     if any(m.name == "vllm-eagle3" for m in methods):
-        from ..models.heads import beside, kind_of
-        from ..speculators_export import export_speculators
-
-        head = next(p for p in (args.speculator or beside(target)) if kind_of(p) == "eagle")
-        eagle3 = os.path.join(os.path.abspath(args.out), "vllm", "eagle3-head")
-        export_speculators(head, target, eagle3, verifier=os.path.abspath(target),
-                           dtype=str(dec.target.dtype).replace("torch.", ""))  # fmt: skip
-    from ..config import SpecConfig
-
-    lookup = (SpecConfig().prompt_lookup_min, SpecConfig().prompt_lookup_max)  # ours, the same
+        eagle3 = export_eagle3(args.speculator, target, os.path.join(LOGS, "eagle3-head"), dtype)
     configs = [(m.label, spec_config(m.name, m.k, draft=os.path.abspath(draft) if draft else None,
-                                     eagle3=eagle3, lookup=lookup))
+                                     eagle3=eagle3))
                for m in methods if m.vllm]  # fmt: skip
-    return VllmPeers(python, target, configs, str(dec.target.dtype).replace("torch.", ""),
-                     dec.target.max_context, torch.get_num_threads(),
-                     os.path.join(args.out, "vllm"))  # fmt: skip
+    return VllmPeers(python, target, configs, dtype, dec.target.max_context,
+                     torch.get_num_threads(), vocab_size=dec.target.vocab_size)  # fmt: skip
 
 
 def _signature(args, target, draft, dec, sets, methods, repeats, cap) -> dict:
@@ -414,9 +410,11 @@ def cmd_serve(args) -> int:
     args.concurrency = _ks(args.concurrency, "--concurrency")
     args.vllm_ngram_k = _ks(args.vllm_ngram_k, "--vllm-ngram-k")
     bad = {c.strip() for c in (args.vllm_configs or "").split(",") if c.strip()} - {
-        "none", "ngram", "eagle3"}  # fmt: skip
+        "none", "ngram", "eagle3", "dynamic"}  # fmt: skip
     if bad:
-        raise LeapDecodeError(f"--vllm-configs takes none, ngram, eagle3, not {sorted(bad)[0]!r}")
+        raise LeapDecodeError(
+            f"--vllm-configs takes none, ngram, eagle3, dynamic, not {sorted(bad)[0]!r}"
+        )
     if not 1 <= args.vllm_eagle_k <= MAX_K:
         raise LeapDecodeError(f"--vllm-eagle-k must be in 1..{MAX_K}")
     args.draft_k, args.ngram_k = _ks(args.draft_k, "--draft-k"), _ks(args.ngram_k, "--ngram-k")

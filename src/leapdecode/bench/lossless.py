@@ -2,7 +2,9 @@
 tie: where the reference's top-2 logits are closer than the dtype can tell apart.
 
 References: leapdecode `none` for leapdecode methods, `hf-generate` for the transformers
-peers, and `hf-generate` for leapdecode `none` itself (same checkpoint, other code).
+peers, `vllm` (its plain decoding) for vLLM's speculative configurations, as for the other
+peers, and for the two plain decodings of other code: `hf-generate` for leapdecode `none`
+itself and leapdecode `none` for `vllm` (same checkpoint, other kernels).
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ def check(
                 ref = recs.get("hf-generate")
             elif r.name == "hf-generate":
                 continue
+            elif r.name == "vllm":
+                ref = recs.get("none")
+            elif r.name.startswith("vllm"):
+                ref = recs.get("vllm") or recs.get("none")
             else:
                 ref = recs.get("none" if not r.name.startswith("hf-") else "hf-generate")
             if ref is None:

@@ -34,12 +34,12 @@ from tqdm import tqdm
 from ..api import LeapDecoder
 from ..config import SpecConfig
 from ..errors import LeapDecodeError
+from .vllm_peer import NAMES
 
 # leapdecode method -> its Hugging Face transformers counterpart (vLLM's: vllm_peer.COUNTERPART)
 COUNTERPART = {"none": "hf-generate", "draft": "hf-assisted", "ngram": "hf-lookup"}
 PEERS = tuple(COUNTERPART.values())
-VLLM = ("vllm", "vllm-ngram", "vllm-draft", "vllm-suffix", "vllm-eagle3",
-        "vllm-leap-suffix", "vllm-leap-ngram")  # vllm_peer.NAMES  # fmt: skip
+VLLM = NAMES  # vLLM's configurations (vllm_peer.py)
 BASELINES = ("none", "hf-generate", "vllm")  # no speculation: no k in the label
 
 

@@ -138,7 +138,7 @@ def run_load(url: str, model: str, rows: list[dict], cfg: Config, concurrency: i
         from .vllm_serve import SERVED_NAME, spec_counts
 
         model = SERVED_NAME
-        before = spec_counts(url)
+        before = spec_counts(url)  # (requests, generated tokens, accepted drafts)
 
     def one(i: int) -> dict:
         if not hasattr(local, "client"):
@@ -154,10 +154,11 @@ def run_load(url: str, model: str, rows: list[dict], cfg: Config, concurrency: i
     tokens = sum(r["tokens"] for r in results)
     fwd = [r["spec"] for r in results if r["spec"]]
     mat = statistics.mean(s["mean_accepted_tokens"] for s in fwd) if fwd else 0.0
-    if cfg.url is not None:  # vLLM: 1 + accepted drafts per drafting step (its counters)
+    if cfg.url is not None:  # vLLM: tokens per decode step, from its counters
         after = spec_counts(url)
-        steps, accepted = after[0] - before[0], after[1] - before[1]
-        mat = 1.0 + accepted / steps if steps else 1.0
+        requests, tokens_out, accepted = (a - b for a, b in zip(after, before, strict=True))
+        steps = tokens_out - requests - accepted  # each request's first token is its prefill's
+        mat = (tokens_out - requests) / steps if steps > 0 else 1.0
     return {"throughput": tokens / wall, "tokens": tokens, "wall_s": wall, "errors": errors,
             "ttft": [r["ttft"] for r in results], "itl": [r["itl"] for r in results],
             "mean_accepted_tokens": mat}  # fmt: skip
@@ -175,11 +176,7 @@ def local_server(args, extra: tuple[str, ...] = ()):
     """`leapdecode serve` on a free local port with the bench's model options, for the length
     of the block: yields (url, pid). Its output goes to <out>/server.log (a pipe nobody reads
     would block the server), whose tail is printed when the block fails."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "leapdecode", "serve", "--host", "127.0.0.1", "--port",
            str(port), "--speculation", "auto", "--max-num-seqs", str(max(args.concurrency)),
            "--max-queue", "1024", "--dtype", args.dtype, "--backend", args.backend, *extra]  # fmt: skip
@@ -213,6 +210,14 @@ def local_server(args, extra: tuple[str, ...] = ()):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def tree_rss_kb(pid: int) -> int:
@@ -302,7 +307,8 @@ def cmd_serve_bench(args) -> int:
         bar = tqdm(total=len(levels) * args.rounds * len(cfgs), desc="bench serve", unit="run")
         for conc in levels:
             n = max(args.requests_min, args.requests_per_client * conc)
-            for c in (cfgs[0], cfgs[-1]):  # untimed: the first batches of this size
+            # untimed: the first batches of this size, ours and each peer server's
+            for c in (cfgs[0], cfgs[-1], *(c for c in cfgs if c.url is not None)):
                 run_load(url, model, rows, c, conc, conc, start=len(rows) // 2)
             for r in range(args.rounds):
                 for c in round_order(cfgs, r):
@@ -320,10 +326,9 @@ def cmd_serve_bench(args) -> int:
 @contextmanager
 def _vllm_peer(args):
     """vLLM's servers for --peer vllm: yields their Configs."""
-    from ..config import SpecConfig
     from ..paths import resolve_models
     from ..threads import available_cores
-    from .vllm_peer import HINT, check_python, find_python
+    from .vllm_peer import HINT, LOGS, check_python, default_lookup, export_eagle3, find_python
     from .vllm_serve import configs as vllm_configs
     from .vllm_serve import vllm_servers
 
@@ -332,25 +337,17 @@ def _vllm_peer(args):
         raise LeapDecodeError(f"--peer vllm: no vLLM environment found. {HINT}")
     print(f"vLLM {check_python(python)} from {python}")
     target = resolve_models(args.target, None)[0]
+    dtype = "float32" if args.dtype == "auto" else args.dtype  # the head's export dtype
+    want = {c.strip() for c in (args.vllm_configs or "none,ngram,eagle3,dynamic").split(",")}
     eagle3 = None
-    if "eagle" in _heads(args):
-        from ..models.heads import beside, kind_of
-        from ..speculators_export import export_speculators
-
-        head = next(p for p in (args.speculator or beside(target)) if kind_of(p) == "eagle")
-        eagle3 = os.path.join(os.path.abspath(args.out), "vllm", "eagle3-head")
-        export_speculators(head, target, eagle3, verifier=os.path.abspath(target),
-                           dtype=args.dtype if args.dtype != "auto" else "float32")  # fmt: skip
-    lookup = (SpecConfig().prompt_lookup_min, SpecConfig().prompt_lookup_max)
+    if "eagle3" in want and "eagle" in _heads(args):
+        eagle3 = export_eagle3(args.speculator, target, os.path.join(LOGS, "eagle3-head"), dtype)
     cfgs = vllm_configs(args.vllm_ngram_k, args.vllm_eagle_k, eagle3, STATIC_TABLE,
-                        max(args.concurrency), lookup)  # fmt: skip
-    if args.vllm_configs:
-        keep = {c.strip() for c in args.vllm_configs.split(",") if c.strip()}
-        cfgs = [(label, spec) for label, spec in cfgs if label.split(" ")[1] in keep]
+                        max(args.concurrency), default_lookup())  # fmt: skip
+    cfgs = [(label, spec) for label, spec in cfgs if label.split(" ")[1] in want]
     threads = args.threads or max(1, available_cores() - 1)  # as our server gets
-    dtype = args.dtype if args.dtype != "auto" else "float32"
-    with vllm_servers(python, target, cfgs, dtype, max(args.concurrency), threads,
-                      os.path.join(args.out, "vllm")) as urls:  # fmt: skip
+    with vllm_servers(python, target, cfgs, args.dtype, max(args.concurrency), threads,
+                      os.path.join(LOGS, "serve")) as urls:  # fmt: skip
         yield [Config(label, None, urls[label]) for label, _ in cfgs]
 
 
@@ -381,7 +378,8 @@ def summarize(cells, cfgs, levels) -> list[dict]:
             })  # fmt: skip
     for row in out:
         same = [r for r in out if r["concurrency"] == row["concurrency"]]
-        base = next((r for r in same if r["config"] == "none"), None)
+        base_label = "vllm none" if row["config"].startswith("vllm") else "none"
+        base = next((r for r in same if r["config"] == base_label), None)
         row["vs_none"], row["vs_none_rounds"] = _paired(row, base)
         fixed = [r for r in same if r["config"] != "auto" and not r["config"].startswith("vllm")]
         best = max(fixed, key=lambda r: r["throughput"], default=None)
@@ -557,8 +555,8 @@ def add_parser(what, model_args, prompts_dir: str) -> None:
     sv.add_argument("--vllm-ngram-k", default="4,8", help="k for vLLM's ngram servers")
     sv.add_argument("--vllm-eagle-k", type=int, default=3, help="k for vLLM's eagle3 server")
     sv.add_argument("--vllm-configs", default=None,
-                    help="only these vLLM servers (none, ngram, eagle3: comma-separated; "
-                    "'ngram' includes the dynamic schedule)")  # fmt: skip
+                    help="only these vLLM servers (none, ngram, eagle3, dynamic: "
+                    "comma-separated; default all)")  # fmt: skip
 
 
 def cmd_soak(args) -> int:

