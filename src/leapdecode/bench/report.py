@@ -250,14 +250,8 @@ def plots(cells: list[dict], out_dir: str) -> list[str]:
     paths = []
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    width = 0.8 / len(names)
-    for j, name in enumerate(names):
-        ys = [(best(cells, cat, name) or {}).get("speedup_vs_none") or 0.0 for cat in cats]
-        xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(cats))]
-        hatch = "//" if name.startswith("hf-") else ".." if name.startswith("vllm") else None
-        ax.bar(xs, ys, width, label=name, hatch=hatch)
-    ax.axhline(1.0, color="black", lw=0.8)
-    ax.set_xticks(range(len(cats)), cats)
+    _grouped_bars(ax, cats, {name: [(best(cells, cat, name) or {}).get("speedup_vs_none") or 0.0
+                                    for cat in cats] for name in names})  # fmt: skip
     ax.set_ylabel("speedup over leapdecode none (best k)")
     ax.set_title("Speedup by category and method (greedy)")
     ax.legend(fontsize=8, ncol=2)
@@ -266,14 +260,12 @@ def plots(cells: list[dict], out_dir: str) -> list[str]:
     rows = vllm_rows(cells)
     if rows:  # ours / vLLM's counterpart, each at its best k
         fig, ax = plt.subplots(figsize=(9, 4.5))
-        pairs = list(dict.fromkeys(r["ours"]["name"] for r in rows))
-        width = 0.8 / len(pairs)
-        for j, name in enumerate(pairs):
-            got = {r["category"]: r["ratio"] or 0.0 for r in rows if r["ours"]["name"] == name}
-            xs = [i + (j - (len(pairs) - 1) / 2) * width for i in range(len(cats))]
-            ax.bar(xs, [got.get(cat, 0.0) for cat in cats], width, label=name)
-        ax.axhline(1.0, color="black", lw=0.8)
-        ax.set_xticks(range(len(cats)), cats)
+        series = {}
+        for r in rows:
+            series.setdefault(r["ours"]["name"], dict.fromkeys(cats, 0.0))[r["category"]] = (
+                r["ratio"] or 0.0
+            )
+        _grouped_bars(ax, cats, {name: list(got.values()) for name, got in series.items()})
         ax.set_ylabel("tokens/s: ours / vLLM's counterpart (best k each)")
         ax.set_title("leapdecode against vLLM CPU, method by method (greedy)")
         ax.legend(fontsize=8, ncol=2)
@@ -303,6 +295,17 @@ def plots(cells: list[dict], out_dir: str) -> list[str]:
         axes[-1].legend(fontsize=7)
         paths.append(_save(fig, out_dir, fname))
     return paths
+
+
+def _grouped_bars(ax, cats: list[str], series: dict[str, list[float]]) -> None:
+    """One bar per series in each category's group (peers hatched), a line at 1.0."""
+    width = 0.8 / max(1, len(series))
+    for j, (name, ys) in enumerate(series.items()):
+        xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(cats))]
+        hatch = "//" if name.startswith("hf-") else ".." if name.startswith("vllm") else None
+        ax.bar(xs, ys, width, label=name, hatch=hatch)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(range(len(cats)), cats)
 
 
 def _save(fig, out_dir: str, name: str) -> str:
