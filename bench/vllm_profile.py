@@ -1,6 +1,6 @@
 """Where a decode step's time goes, in vLLM CPU and in leapdecode, on the embedded target.
 
-    python bench/vllm_profile.py [--method none|ngram] [--k 16] [--requests 12]
+    python bench/vllm_profile.py [--method none|ngram|suffix|draft|eagle] [--k K] [--requests 12]
 
 Runs the same greedy requests (bench prompts, 128 new tokens) through one vLLM engine (the
 offline LLM API in its worker, `bench/vllm_peer`) and through leapdecode, sampling each with
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -90,12 +91,15 @@ def read_raw(path: str) -> Counter:
     return out
 
 
+RATE = 200  # py-spy samples a second (each active sample: 5 ms of one thread's time)
+
+
 def spy(pids: dict[str, int], seconds: float, tmp: str) -> list[tuple[str, subprocess.Popen, str]]:
     procs = []
     for name, pid in pids.items():
         path = os.path.join(tmp, f"{name}.txt")
         p = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--duration", str(int(seconds)),
-                              "--rate", "200", "--format", "raw", "--native", "--nonblocking",
+                              "--rate", str(RATE), "--format", "raw", "--native", "--nonblocking",
                               "--output", path], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)  # fmt: skip
         procs.append((name, p, path))
@@ -133,23 +137,45 @@ def name_of(pid: int) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--method", default="none", choices=["none", "ngram"])
-    ap.add_argument("--k", type=int, default=16)
+    ap.add_argument(
+        "--method", default="none", choices=["none", "ngram", "suffix", "draft", "eagle"]
+    )
+    ap.add_argument(
+        "--k",
+        type=int,
+        default=None,
+        help="ours and vLLM's k (default: 16 for ngram / suffix, 2 for draft)",
+    )
+    ap.add_argument(
+        "--vllm-k",
+        type=int,
+        default=None,
+        help="vLLM's k when it differs from ours (default --k; 3 for eagle3)",
+    )
     ap.add_argument("--requests", type=int, default=12)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--vllm-python", default=None)
-    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "vllm_profile"))
+    ap.add_argument("--out", default=None, help="default: docs/vllm_profile/<method>")
     args = ap.parse_args()
+    args.out = args.out or os.path.join(ROOT, "docs", "vllm_profile", args.method)
 
     import torch
     from transformers import AutoTokenizer
 
     from leapdecode.api import LeapDecoder
     from leapdecode.bench import workloads
-    from leapdecode.bench.vllm_peer import VllmPeers, find_python, spec_config
-    from leapdecode.paths import TARGET_NAME, default_model
+    from leapdecode.bench.vllm_peer import (
+        COUNTERPART,
+        VllmPeers,
+        export_eagle3,
+        find_python,
+        spec_config,
+    )
+    from leapdecode.paths import DRAFT_NAME, TARGET_NAME, default_model
 
-    target = default_model(TARGET_NAME)
+    target, draft = default_model(TARGET_NAME), default_model(DRAFT_NAME)
+    args.k = args.k or {"none": 0, "draft": 2, "eagle": 6}.get(args.method, 16)
+    args.vllm_k = args.vllm_k or (3 if args.method == "eagle" else args.k)
     python = find_python(args.vllm_python)
     if python is None:
         sys.exit("no vLLM environment: bash bench/vllm_env.sh")
@@ -158,12 +184,16 @@ def main() -> int:
     sets = workloads.load(os.path.join(ROOT, "bench", "prompts"))
     rows = [r for group in zip(*sets.values(), strict=False) for r in group][: args.requests]
     prompts = [tok.encode(r["prompt"]) for r in rows]
-    label = "vllm" if args.method == "none" else f"vllm-ngram k={args.k}"
-    name = "vllm" if args.method == "none" else "vllm-ngram"
+    name = COUNTERPART[args.method]
+    label = name if args.method == "none" else f"{name} k={args.vllm_k}"
     tmp = tempfile.mkdtemp()
-    peers = VllmPeers(python, target, [(label, spec_config(name, args.k))], "float32", 1024, 1, tmp)
-    dec = LeapDecoder.from_pretrained(target, threads=1)
-    k = 0 if args.method == "none" else args.k
+    eagle3 = export_eagle3(None, target, os.path.join(tmp, "eagle3"), "float32") if (
+        args.method == "eagle") else None  # fmt: skip
+    spec = spec_config(name, args.vllm_k, draft=draft, eagle3=eagle3)
+    peers = VllmPeers(python, target, [(label, spec)], "float32", 1024, 1, tmp)
+    dec = LeapDecoder.from_pretrained(target, draft=draft if args.method == "draft" else None,
+                                      threads=1)  # fmt: skip
+    k = args.k
     results = {}
     try:
         for side in ("vllm", "leapdecode"):
@@ -193,10 +223,11 @@ def main() -> int:
                 pids["vllm frontend (LLM.generate)"] = root
             else:
                 pids = {"leapdecode (one process)": os.getpid()}
-            est = secs * 1.3 + 2
-            spies = spy(pids, est, tmp)  # py-spy in child processes, sampling these
+            spies = spy(pids, 2 * secs + 10, tmp)  # py-spy in child processes, sampling these
             time.sleep(1.0)
             run_all()
+            for _, p, _ in spies:  # stopped as the pass ends (py-spy saves on SIGINT)
+                p.send_signal(signal.SIGINT)
             for _, p, _ in spies:
                 p.wait()
             groups = {n: read_raw(path) for n, p, path in spies}
@@ -215,19 +246,26 @@ def write(results: dict, args) -> None:
         json.dump(results, f, indent=1)
     lines = [f"# Where a decode step goes: vLLM CPU and leapdecode (`{args.method}`"
              + (f", k={args.k}" if args.method != "none" else "") + ")", "",
-             f"`python bench/vllm_profile.py --method {args.method} --k {args.k}`: "
+             f"`python bench/vllm_profile.py --method {args.method} --k {args.k}` (vLLM at k={args.vllm_k}): "
              f"{args.requests} bench prompts, {args.max_new_tokens} greedy tokens, 1 thread each, "
              "the embedded target in float32; py-spy at 200 Hz over a third, profiled pass "
-             "(the tokens/s come from the pass before it, unprofiled). Shares are of each "
-             "process's samples; a process's 'waiting' is time it spent blocked.", ""]  # fmt: skip
+             "(the tokens/s come from the pass before it, unprofiled). py-spy keeps a thread's "
+             "sample only when it is running (not blocked in the kernel): 'ms per step' is a "
+             "process's running time in that group per decode step (5 ms a sample, summed "
+             "over its threads), 'waiting' is time spent spinning (polls, sched_yield), and a "
+             "process's total against the step's wall time shows how much of the step it "
+             "holds a core.", ""]  # fmt: skip
     for side, r in results.items():
         lines += [f"## {side}: {r['tokens_per_s']:.0f} tokens/s, {r['ms_per_step']:.2f} ms per "
                   f"decode step ({r['steps']} steps)", "",
                   "| process | group | share of its samples | ms per step |", "|---|---|---|---|"]  # fmt: skip
         for proc, groups in r["samples"].items():
             total = sum(groups.values()) or 1
+            lines.append(
+                f"| {proc} | **all (running)** | 100% | {1e3 * total / RATE / max(1, r['steps']):.2f} |"
+            )
             for g, n in sorted(groups.items(), key=lambda x: -x[1]):
-                ms = r["ms_per_step"] * n / total
+                ms = 1e3 * n / RATE / max(1, r["steps"])
                 lines.append(f"| {proc} | {g} | {n / total:.0%} | {ms:.2f} |")
         lines.append("")
     with open(args.out + ".md", "w") as f:
