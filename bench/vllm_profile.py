@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,52 +27,49 @@ from collections import Counter
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "src"))
 
-# (group, substrings of a frame "function (file)") in order: a sample's leaf frame goes to the
-# first group whose pattern it holds, else to the first frame up the stack that does
+# (group, substrings of a frame "function (file:line) source line") in order: a sample goes to
+# the first group that its leaf frame matches, else to the first frame up the stack that does.
+# Our own frames carry their source line (py-spy names the function; the line says which
+# operation it runs); vLLM's model runs as one inductor-compiled graph (CompiledFxGraph) plus
+# its custom operations (attention, the paged cache) called as torch ops (OpOverload).
 GROUPS = [
-    (
-        "waiting (idle, IPC, sleeps)",
-        (
-            "poll (",
-            "select (",
-            "sched_yield",
-            "recv",
-            "wait (",
-            "acquire_read",
-            "_recv",
-            "epoll",
-            "get (queue",
-            "sleep",
-        ),
-    ),
-    ("matmul (linear)", ("linear", "addmm", "mm (", "matmul", "onednn", "gemm")),
-    ("attention", ("attention", "sdpa", "scaled_dot_product", "paged", "flash")),
-    (
-        "norm / rope / elementwise",
-        ("rms_norm", "rotary", "rope", "silu", "act_and_mul", "add (", "mul (", "embedding"),
-    ),
+    ("waiting / IPC (spins, polls, queues)",
+     ("poll (", "select (", "sched_yield", "recv", "wait (", "acquire_read", "get_metadata",
+      "memory_fence", "notify (", "send (", "_recv", "epoll", "get (queue", "sleep")),
+    ("model: inductor-compiled graph (vLLM)", ("compiledfxgraph", "runner.call")),
+    ("model: attention / custom ops", ("scaled_dot_product_attention", "attention", "sdpa",
+                                       "paged", "flash", "opoverload")),
+    ("model: matmul (linear)", ("_linear", "linear", "addmm", "matmul", "gemm", "lm_head")),
+    ("model: norm / RoPE / elementwise", ("rms_norm", "rotary", "rope", "silu", "act_and_mul",
+                                          "embedding", "transpose", "reshape", "chunk")),
+    ("model: KV cache / indexing", ("kvcache", "cache.write", "cache.read", "index_copy")),
     ("sampling / acceptance", ("sample", "rejection", "verify", "argmax", "logits", "accept")),
-    ("proposer", ("propose", "ngram", "suffix", "lookup", "speculate", "drafter")),
-    (
-        "scheduling / bookkeeping",
-        (
-            "schedule",
-            "step",
-            "update",
-            "prepare",
-            "output",
-            "process",
-            "batch",
-            "append",
-            "detokeniz",
-        ),
-    ),
-]
+    ("proposer", ("propose", "ngram", "suffix", "lookup", "speculate", "drafter", "char_")),
+    ("scheduling / bookkeeping", ("schedule", "step", "update", "prepare", "output", "process",
+                                  "batch", "append", "detokeniz", "commit", "_decode")),
+]  # fmt: skip
+_SOURCE: dict[str, list[str]] = {}
+
+
+def with_source(frame: str) -> str:
+    """'f (leapdecode/x.py:12)' -> the frame and its source line (our own files only)."""
+    inner = frame.rpartition(" (")[2].rstrip(")")
+    path, _, line = inner.rpartition(":")
+    if not path.startswith("leapdecode/") or not line.isdigit():
+        return frame
+    if path not in _SOURCE:
+        try:
+            with open(os.path.join(ROOT, "src", path)) as f:
+                _SOURCE[path] = f.read().splitlines()
+        except OSError:
+            _SOURCE[path] = []
+    lines = _SOURCE[path]
+    return frame + " " + (lines[int(line) - 1].strip() if int(line) <= len(lines) else "")
 
 
 def group_of(stack: list[str]) -> str:
     for frame in reversed(stack):  # leaf first
-        low = frame.lower()
+        low = with_source(frame).lower()
         for name, pats in GROUPS:
             if any(p in low for p in pats):
                 return name
@@ -94,12 +92,21 @@ def read_raw(path: str) -> Counter:
 RATE = 200  # py-spy samples a second (each active sample: 5 ms of one thread's time)
 
 
+def py_spy() -> str:
+    """py-spy beside this interpreter (a venv's bin), else on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    found = here if os.access(here, os.X_OK) else shutil.which("py-spy")
+    if found is None:
+        sys.exit("py-spy is not installed: pip install py-spy (into this environment)")
+    return found
+
+
 def spy(pids: dict[str, int], seconds: float, tmp: str) -> list[tuple[str, subprocess.Popen, str]]:
     procs = []
     for name, pid in pids.items():
         path = os.path.join(tmp, f"{name}.txt")
-        p = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--duration", str(int(seconds)),
-                              "--rate", str(RATE), "--format", "raw", "--native", "--nonblocking",
+        p = subprocess.Popen([py_spy(), "record", "--pid", str(pid), "--duration", str(int(seconds)),
+                              "--rate", str(RATE), "--format", "raw", "--nonblocking",
                               "--output", path], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)  # fmt: skip
         procs.append((name, p, path))
@@ -156,6 +163,9 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--vllm-python", default=None)
     ap.add_argument("--out", default=None, help="default: docs/vllm_profile/<method>")
+    ap.add_argument("--regroup", metavar="DIR", default=None,
+                    help="only re-group a finished run's py-spy samples (DIR: the raw files it "
+                         "printed) into --out's tables")  # fmt: skip
     args = ap.parse_args()
     args.out = args.out or os.path.join(ROOT, "docs", "vllm_profile", args.method)
 
@@ -176,7 +186,16 @@ def main() -> int:
     target, draft = default_model(TARGET_NAME), default_model(DRAFT_NAME)
     args.k = args.k or {"none": 0, "draft": 2, "eagle": 6}.get(args.method, 16)
     args.vllm_k = args.vllm_k or (3 if args.method == "eagle" else args.k)
+    if args.regroup:
+        with open(args.out + ".json") as f:
+            results = json.load(f)
+        for r in results.values():
+            r["samples"] = {n: dict(read_raw(os.path.join(args.regroup, n + ".txt")))
+                            for n in r["samples"]}  # fmt: skip
+        write(results, args)
+        return 0
     python = find_python(args.vllm_python)
+    py_spy()  # before a minute of loading
     if python is None:
         sys.exit("no vLLM environment: bash bench/vllm_env.sh")
     torch.set_num_threads(1)
@@ -236,6 +255,7 @@ def main() -> int:
                              "samples": {n: dict(g) for n, g in groups.items()}}  # fmt: skip
     finally:
         peers.close()
+    print(f"py-spy's raw samples: {tmp} (--regroup {tmp} re-groups them)")
     write(results, args)
     return 0
 

@@ -130,6 +130,17 @@ def parallel(n_items: int, n_threads: int, fn, on_done=None) -> list:
 
 def run_load(url: str, model: str, rows: list[dict], cfg: Config, concurrency: int,
              n_requests: int, start: int) -> dict:  # fmt: skip
+    """One load run of a configuration; a vLLM peer's server is woken for it (vllm_serve.awake)."""
+    if cfg.url is None:
+        return _run_load(url, model, rows, cfg, concurrency, n_requests, start)
+    from .vllm_serve import awake
+
+    with awake(cfg.url):
+        return _run_load(url, model, rows, cfg, concurrency, n_requests, start)
+
+
+def _run_load(url: str, model: str, rows: list[dict], cfg: Config, concurrency: int,
+              n_requests: int, start: int) -> dict:  # fmt: skip
     import openai
 
     local = threading.local()
