@@ -14,6 +14,7 @@ docs/vllm_profile.md (and .json).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -127,7 +128,7 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def name_of(pid: int) -> str:
+def name_of(pid: int, side: str = "vllm") -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
@@ -135,6 +136,10 @@ def name_of(pid: int) -> str:
             comm = f.read().strip()
     except OSError:
         return "?"
+    if side == "leapdecode":  # `leapdecode serve` and its engine process (server/worker.py)
+        return "HTTP server" if " serve " in cmd else "engine process"
+    if "api_server" in cmd:
+        return "HTTP server (API server)"
     if "Worker" in comm or "Worker" in cmd:
         return "vllm worker (model)"
     if "EngineCore" in comm or "EngineCore" in cmd:
@@ -163,6 +168,9 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--vllm-python", default=None)
     ap.add_argument("--out", default=None, help="default: docs/vllm_profile/<method>")
+    ap.add_argument("--concurrency", type=int, default=None,
+                    help="profile the servers instead (ours: `leapdecode serve`, vLLM's API "
+                         "server) under C concurrent streaming clients (none only)")  # fmt: skip
     ap.add_argument("--regroup", metavar="DIR", default=None,
                     help="only re-group a finished run's py-spy samples (DIR: the raw files it "
                          "printed) into --out's tables")  # fmt: skip
@@ -198,6 +206,10 @@ def main() -> int:
     py_spy()  # before a minute of loading
     if python is None:
         sys.exit("no vLLM environment: bash bench/vllm_env.sh")
+    if args.concurrency:
+        if args.method != "none":
+            sys.exit("--concurrency profiles plain decoding only (--method none)")
+        return serve_profile(python, target, args)
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(target)
     sets = workloads.load(os.path.join(ROOT, "bench", "prompts"))
@@ -260,21 +272,89 @@ def main() -> int:
     return 0
 
 
+def serve_profile(python: str, target: str, args) -> int:
+    """Both servers under C concurrent streaming clients (bench serve's load generator), every
+    process of each sampled with py-spy during one timed load; 'steps' are the engine's
+    batched decode steps, estimated as completion tokens / C."""
+    import httpx
+
+    from leapdecode.bench import workloads
+    from leapdecode.bench.serve import Config, _wait_healthy, free_port, run_load
+    from leapdecode.bench.vllm_serve import SERVER_PIDS, awake, vllm_server
+
+    c = args.concurrency
+    n = max(8, 4 * c)
+    sets = workloads.load(os.path.join(ROOT, "bench", "prompts"))
+    rows = [{**r, "max_new_tokens": min(r["max_new_tokens"], args.max_new_tokens)}
+            for group in zip(*sets.values(), strict=False) for r in group]  # fmt: skip
+    tmp = tempfile.mkdtemp()
+    results = {}
+    port = free_port()
+    ours = subprocess.Popen([sys.executable, "-m", "leapdecode", "serve", "--target", target,
+                             "--host", "127.0.0.1", "--port", str(port), "--threads", "1",
+                             "--max-num-seqs", str(c), "--suffix-max-cached-requests", "0"],
+                            stdout=open(os.path.join(tmp, "ours.log"), "w"),
+                            stderr=subprocess.STDOUT)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, ours, os.path.join(tmp, "ours.log"))
+        model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+        with vllm_server(python, target, None, "float32", c, 1,
+                         os.path.join(tmp, "vllm-serve.log")) as vurl:  # fmt: skip
+            sides = {"vllm": Config("vllm none", None, vurl),
+                     "leapdecode": Config("none", {"method": "none"})}  # fmt: skip
+            for side, cfg in sides.items():
+                root = SERVER_PIDS[vurl] if side == "vllm" else ours.pid
+                with awake(vurl) if side == "vllm" else contextlib.nullcontext():
+                    run_load(url, model, rows, cfg, c, n, 0)  # warm-up
+                    res = run_load(url, model, rows, cfg, c, n, n)  # timed, unprofiled
+                    pids = {f"{side} {name_of(p, side)}": p for p in [root, *children(root)]}
+                    spies = spy(pids, 120, tmp)
+                    time.sleep(1.0)
+                    run_load(url, model, rows, cfg, c, n, n)
+                    for _, p, _ in spies:
+                        p.send_signal(signal.SIGINT)
+                    for _, p, _ in spies:
+                        p.wait()
+                results[side] = {"tokens_per_s": res["throughput"], "tokens": res["tokens"],
+                                 "steps": max(1, round(res["tokens"] / c)),
+                                 "ms_per_step": 1e3 * c / res["throughput"],
+                                 "samples": {nm: dict(read_raw(path)) for nm, _, path in spies}}  # fmt: skip
+    finally:
+        ours.terminate()
+        ours.wait()
+    print(f"py-spy's raw samples: {tmp}")
+    args.out = os.path.join(ROOT, "docs", "vllm_profile", f"serve-c{c}")
+    write(results, args)
+    return 0
+
+
 def write(results: dict, args) -> None:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out + ".json", "w") as f:
         json.dump(results, f, indent=1)
-    lines = [f"# Where a decode step goes: vLLM CPU and leapdecode (`{args.method}`"
-             + (f", k={args.k}" if args.method != "none" else "") + ")", "",
-             f"`python bench/vllm_profile.py --method {args.method} --k {args.k}` (vLLM at k={args.vllm_k}): "
-             f"{args.requests} bench prompts, {args.max_new_tokens} greedy tokens, 1 thread each, "
-             "the embedded target in float32; py-spy at 200 Hz over a third, profiled pass "
-             "(the tokens/s come from the pass before it, unprofiled). py-spy keeps a thread's "
-             "sample only when it is running (not blocked in the kernel): 'ms per step' is a "
-             "process's running time in that group per decode step (5 ms a sample, summed "
-             "over its threads), 'waiting' is time spent spinning (polls, sched_yield), and a "
-             "process's total against the step's wall time shows how much of the step it "
-             "holds a core.", ""]  # fmt: skip
+    note = ("py-spy keeps a thread's sample only when it is running (not blocked in the kernel): "
+            "'ms per step' is a process's running time in that group per decode step (5 ms a "
+            "sample, summed over its threads), 'waiting' is time spent spinning (polls, "
+            "sched_yield), and a process's total against the step's wall time shows how much "
+            "of the step it holds a core.")  # fmt: skip
+    if getattr(args, "concurrency", None):
+        c = args.concurrency
+        lines = [f"# Where a batched decode step goes under load: vLLM's server and ours (C={c})",
+                 "", f"`python bench/vllm_profile.py --concurrency {c}`: `leapdecode serve` and "
+                 f"vLLM's API server, plain decoding, 1 thread each, the embedded target in "
+                 f"float32; {c} concurrent streaming clients (bench serve's load generator, "
+                 f"{max(8, 4 * c)} requests of at most {args.max_new_tokens} tokens); py-spy at "
+                 f"200 Hz over a second, profiled load (tokens/s from the load before it, "
+                 f"unprofiled); a step is estimated as C tokens. " + note, ""]  # fmt: skip
+    else:
+        lines = [f"# Where a decode step goes: vLLM CPU and leapdecode (`{args.method}`"
+                 + (f", k={args.k}" if args.method != "none" else "") + ")", "",
+                 f"`python bench/vllm_profile.py --method {args.method} --k {args.k}` (vLLM at "
+                 f"k={args.vllm_k}): {args.requests} bench prompts, {args.max_new_tokens} greedy "
+                 "tokens, 1 thread each, the embedded target in float32; py-spy at 200 Hz over "
+                 "a third, profiled pass (the tokens/s come from the pass before it, "
+                 "unprofiled). " + note, ""]  # fmt: skip
     for side, r in results.items():
         lines += [f"## {side}: {r['tokens_per_s']:.0f} tokens/s, {r['ms_per_step']:.2f} ms per "
                   f"decode step ({r['steps']} steps)", "",

@@ -23,7 +23,7 @@ from contextlib import ExitStack, contextmanager
 
 from ..errors import LeapDecodeError
 from .serve import _wait_healthy, free_port
-from .vllm_peer import KV_CACHE_BYTES, _file_name, set_policy, worker_env
+from .vllm_peer import KV_CACHE_BYTES, _file_name, pause, resume, worker_env
 
 SERVED_NAME = "leap-code-target"
 
@@ -59,19 +59,19 @@ SERVER_PIDS: dict[str, int] = {}  # url -> the server's process (its engine proc
 
 @contextmanager
 def awake(url: str):
-    """A vLLM server at normal priority for the block and at SCHED_IDLE outside it: as
-    `bench run`'s engines (vllm_peer.py), its processes busy-wait for a second after each
-    step, and servers waiting for their turn would otherwise take the CPU from the
-    configuration being measured."""
+    """A vLLM server running for the block and stopped (SIGSTOP) outside it, as `bench run`'s
+    engines (vllm_peer.py): its processes busy-wait for a second after each step and keep
+    threads of their own, and servers waiting for their turn would otherwise take the CPU from
+    the configuration being measured."""
     pid = SERVER_PIDS.get(url)
     if pid is None:  # not one of ours (a server given by URL)
         yield
         return
-    set_policy(pid, os.SCHED_OTHER)
+    resume(pid)
     try:
         yield
     finally:
-        set_policy(pid, os.SCHED_IDLE)
+        pause(pid)
 
 
 @contextmanager
@@ -97,11 +97,11 @@ def vllm_server(python: str, target: str, spec: dict | None, dtype: str, max_num
     try:
         _wait_healthy(url, proc, log_path, limit_s)
         SERVER_PIDS[url] = proc.pid
-        set_policy(proc.pid, os.SCHED_IDLE)  # until its turn (see awake)
+        pause(proc.pid)  # until its turn (see awake)
         yield url
     finally:
         SERVER_PIDS.pop(url, None)
-        set_policy(proc.pid, os.SCHED_OTHER)  # an idle server would take long to stop
+        resume(proc.pid)  # a stopped server would not stop
         for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, None)):
             try:  # the whole group: its engine processes too, even if the server is gone
                 os.killpg(proc.pid, sig)
