@@ -1,6 +1,7 @@
 """Where a decode step's time goes, in vLLM CPU and in leapdecode, on the embedded target.
 
     python bench/vllm_profile.py [--method none|ngram|suffix|draft|eagle] [--k K] [--requests 12]
+    python bench/vllm_profile.py --concurrency 16 --max-new-tokens 64     (the two servers)
 
 Runs the same greedy requests (bench prompts, 128 new tokens) through one vLLM engine (the
 offline LLM API in its worker, `bench/vllm_peer`) and through leapdecode, sampling each with
@@ -8,7 +9,8 @@ py-spy (`pip install py-spy`): every vLLM process (the frontend, the engine core
 worker) and ours. Self time is grouped by where it is spent (the model's matmuls and
 attention, the rest of the forward, sampling / acceptance, the proposer, scheduling and
 bookkeeping, inter-process waits) and reported per decode step, with tokens/s. Writes
-docs/vllm_profile.md (and .json).
+docs/vllm_profile/<method>.md (and .json); --concurrency C: `leapdecode serve` and vLLM's API
+server under C streaming clients instead, docs/vllm_profile/serve-c<C>.md.
 """
 
 from __future__ import annotations
