@@ -303,7 +303,7 @@ def cmd_run(args) -> int:
 
 def _vllm_peers(args, python, target, draft, dec, methods):
     """Load one vLLM engine per vLLM method (and export our EAGLE head for its eagle3)."""
-    from .vllm_peer import LOGS, VllmPeers, dtype_name, export_eagle3, spec_config
+    from .vllm_peer import BENCH_WARM_UP, LOGS, VllmPeers, dtype_name, export_eagle3, spec_config
 
     dtype = dtype_name(dec.target.dtype)
     eagle3 = None
@@ -313,7 +313,8 @@ def _vllm_peers(args, python, target, draft, dec, methods):
                                      eagle3=eagle3))
                for m in methods if m.vllm]  # fmt: skip
     return VllmPeers(python, target, configs, dtype, dec.target.max_context,
-                     torch.get_num_threads(), vocab_size=dec.target.vocab_size)  # fmt: skip
+                     torch.get_num_threads(), vocab_size=dec.target.vocab_size,
+                     warm_up=BENCH_WARM_UP)  # fmt: skip
 
 
 def _signature(args, target, draft, dec, sets, methods, repeats, cap) -> dict:
@@ -373,7 +374,7 @@ def _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed) -> dict:
     )
     return {
         "title": "quick smoke run" if args.quick
-        else "partial run" if args.methods or args.per_category else "full run",
+        else "partial run" if args.per_category else "full run",
         "setup": setup, "costs": costs, "costs_line": cost_line,
         "target": target, "draft": draft, "repeats": repeats, "max_new_tokens_cap": cap,
         "quick": args.quick, "seconds": elapsed, "torch": torch.__version__,
