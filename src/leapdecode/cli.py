@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 
 from .config import AUTO_CHOICES, AUTO_DEFAULT, METHODS, SpecConfig
@@ -370,6 +371,14 @@ COMMANDS = {"generate": cmd_generate, "train": cmd_train, "demo": cmd_demo, "ben
             "serve": cmd_serve, "export": cmd_export}  # fmt: skip
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is so that its clean-up (finally) runs."""
+
+
+def _terminated(signum, frame):
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="leapdecode: %(message)s")
     try:
@@ -377,8 +386,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C meanwhile: no traceback
         return 130
     args = parser.parse_args(argv)
+    if args.command in ("bench", "demo"):
+        # a `kill` unwinds like Ctrl-C, so that the vLLM engines they started (stopped between
+        # their turns, about 1.2 GB each) are shut down, not left behind
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         return COMMANDS[args.command](args)
+    except Terminated:
+        return 143
     except LeapDecodeError as e:
         # generate, serve and demo take the SpecConfig fields as FLAG_NAMES' flags (bench run has
         # its own sweep flags, train its own: their messages stay as raised)

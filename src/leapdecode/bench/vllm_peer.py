@@ -144,10 +144,34 @@ def spec_config(name: str, k: int, *, draft: str | None = None, eagle3: str | No
     return spec | (extra or {})
 
 
-def worker_env(threads: int | None, extra: dict | None = None) -> dict:
+# vLLM's CPU install guide preloads tcmalloc and Intel OpenMP ("set LD_PRELOAD"); without
+# them its worker warns, and for speculative decoding that "Speculative decoding on CPU
+# without Intel OpenMP in LD_PRELOAD will cause significant performance loss". The peer gets
+# its recommended set-up: tcmalloc from the system (Debian: libtcmalloc-minimal4, which
+# bench/vllm_env.sh installs where it can), libiomp5 from the vLLM environment (intel-openmp)
+TCMALLOC = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+            "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4",
+            "/usr/lib64/libtcmalloc_minimal.so.4", "/usr/lib/libtcmalloc_minimal.so.4")  # fmt: skip
+
+
+def preload(python: str | None) -> list[str]:
+    """The libraries vLLM's CPU guide preloads, those found: tcmalloc, and libiomp5 from the
+    environment of `python` (its prefix's lib/)."""
+    libs = [next((p for p in TCMALLOC if os.path.isfile(p)), None)]
+    if python:
+        prefix = os.path.dirname(os.path.dirname(os.path.abspath(python)))
+        iomp = os.path.join(prefix, "lib", "libiomp5.so")
+        libs.append(iomp if os.path.isfile(iomp) else None)
+    return [p for p in libs if p]
+
+
+def worker_env(threads: int | None, extra: dict | None = None, python: str | None = None) -> dict:
     """The worker's environment: our sources importable (the custom proposers), the same
-    thread count as ours, its OpenMP threads bound to the first cores we may use."""
+    thread count as ours, its OpenMP threads bound to the first cores we may use, and the
+    libraries vLLM's CPU guide preloads (see preload) unless LD_PRELOAD is set already."""
     env = dict(os.environ)
+    if not env.get("LD_PRELOAD") and preload(python):
+        env["LD_PRELOAD"] = ":".join(preload(python))
     src = os.path.join(REPO, "src")
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -200,7 +224,7 @@ class Worker:
         with open(log_path, "w") as log:
             self.proc = subprocess.Popen([python, WORKER], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=log, text=True,
-                                         env=worker_env(threads, env), cwd=REPO,
+                                         env=worker_env(threads, env, python), cwd=REPO,
                                          start_new_session=True)  # fmt: skip
 
     def call(self, msg: dict) -> dict:
@@ -288,6 +312,7 @@ class VllmPeers:
             for label, spec in tqdm(configs, desc="loading vLLM engines", unit="engine"):
                 spec = dict(spec) if spec else None
                 env = spec.pop("_env", None) if spec else None
+                spec = spec or None  # only environment variables: no speculation
                 w = Worker(python, os.path.join(log_dir, _file_name(label) + ".log"), threads, env)
                 self.workers[label] = w
                 reply = w.call({"op": "load", "model": os.path.abspath(target),

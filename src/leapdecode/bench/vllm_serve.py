@@ -92,7 +92,7 @@ def vllm_server(python: str, target: str, spec: dict | None, dtype: str, max_num
     os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env=worker_env(threads), start_new_session=True)  # fmt: skip
+                                env=worker_env(threads, python=python), start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, proc, log_path, limit_s)
