@@ -30,8 +30,14 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     from leapdecode.bench import workloads
-    from leapdecode.bench.vllm_peer import BENCH_WARM_UP, HINT, VllmPeers, find_python, preload
-    from leapdecode.bench.vllm_peer import spec_config
+    from leapdecode.bench.vllm_peer import (
+        BENCH_WARM_UP,
+        HINT,
+        VllmPeers,
+        find_python,
+        preload,
+        spec_config,
+    )
     from leapdecode.paths import TARGET_NAME, default_model
 
     python = find_python(None)
