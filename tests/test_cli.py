@@ -269,3 +269,30 @@ def test_demo_methods_and_k_are_checked(capsys, target_dir, draft_dir):
                       (["--k", "0"], "--k must be in 1..64"), (["--k", "-3"], "--k must be")):  # fmt: skip
         code, out, err = run_cli(capsys, "demo", *models, *bad)
         assert code == 2 and says in err and "Traceback" not in err
+
+
+def test_a_kill_unwinds_bench_and_demo_so_their_vllm_engines_are_shut_down(monkeypatch):
+    """SIGTERM to `leapdecode bench|demo` runs their clean-up (the `finally` that closes the
+    vLLM engines, each stopped between its turns) and exits 143."""
+    import signal
+    import time
+
+    from leapdecode import cli
+
+    cleaned = []
+
+    def command(args):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises before this returns
+        finally:
+            cleaned.append(args.command)
+        return 0
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setitem(cli.COMMANDS, "bench", command)
+    try:
+        assert cli.main(["bench", "run", "--quick"]) == 143
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert cleaned == ["bench"]

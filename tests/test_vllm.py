@@ -140,6 +140,29 @@ def test_a_missing_vllm_python_is_a_clear_error(tmp_path, monkeypatch):
         find_python(None)
 
 
+def test_vllm_workers_preload_what_its_cpu_guide_asks_unless_told_otherwise(tmp_path, monkeypatch):
+    """tcmalloc (where the system has it) and the environment's own libiomp5 go in
+    LD_PRELOAD; a user's LD_PRELOAD is kept as it is."""
+    from leapdecode.bench import vllm_peer
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "lib").mkdir()
+    python = tmp_path / "bin" / "python"
+    python.write_text("")
+    (tmp_path / "lib" / "libiomp5.so").write_text("")
+    tcmalloc = tmp_path / "libtcmalloc_minimal.so.4"
+    tcmalloc.write_text("")
+    monkeypatch.setattr(vllm_peer, "TCMALLOC", ("/nowhere/libtcmalloc.so", str(tcmalloc)))
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    env = vllm_peer.worker_env(1, python=str(python))
+    assert env["LD_PRELOAD"] == f"{tcmalloc}:{tmp_path / 'lib' / 'libiomp5.so'}"
+    assert env["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("LD_PRELOAD", "/mine.so")
+    assert vllm_peer.worker_env(1, python=str(python))["LD_PRELOAD"] == "/mine.so"
+    # an engine of the A/B turns it off with its own empty value
+    assert vllm_peer.worker_env(1, {"LD_PRELOAD": ""}, str(python))["LD_PRELOAD"] == ""
+
+
 def test_sequence_is_what_the_proposers_take():
     """The adapter builds leapdecode Sequences: the fields the proposers read are there."""
     rows = integ.Rows(SpecConfig(method="suffix"), 64)
