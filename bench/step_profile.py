@@ -37,9 +37,9 @@ sys.path.insert(0, os.path.join(ROOT, "src"))
 CONTEXT = 128
 
 # an operation's name -> kind (first pattern that the lower-case name holds)
-KINDS = [
-    ("matmul", ("mm", "matmul", "linear", "addmm", "bmm", "dot")),
+KINDS = [  # attention first: "scaled_dot_product_attention" holds "dot" too
     ("attention", ("attention", "sdpa", "softmax", "flash")),
+    ("matmul", ("mm", "matmul", "linear", "addmm", "bmm", "dot")),
     ("cache / indexing", ("index", "copy_", "gather", "scatter", "select", "slice", "narrow",
                           "embedding", "cat", "stack", "masked", "where", "arange", "clamp")),
     ("norm / RoPE / elementwise", ("norm", "rsqrt", "pow", "mean", "mul", "add", "sub", "neg",
@@ -249,7 +249,7 @@ def write(r: dict, args) -> None:
         big = d["matmul_gflops"]["large square 1024^3"]
         lines += [f"## {dtype}", "", f"17 verify rows / 1 decode row: "
                   f"**{d['verify17_over_decode']:.2f}x**.", "",
-                  "| step | ms | GFLOP/s | share of the 1024^3 matmul's | operations | "
+                  "| step | ms | GFLOP/s | share of the 1024^3 matmul's | profiler events | "
                   + " | ".join(k for k, _ in KINDS) + " | other operations | Python and dispatch |",
                   "|---|---|---|---|---|" + "---|" * (len(KINDS) + 2)]  # fmt: skip
         for name, s in d["steps"].items():
