@@ -170,8 +170,9 @@ def worker_env(threads: int | None, extra: dict | None = None, python: str | Non
     thread count as ours, its OpenMP threads bound to the first cores we may use, and the
     libraries vLLM's CPU guide preloads (see preload) unless LD_PRELOAD is set already."""
     env = dict(os.environ)
-    if not env.get("LD_PRELOAD") and preload(python):
-        env["LD_PRELOAD"] = ":".join(preload(python))
+    libs = preload(python)
+    if libs and not env.get("LD_PRELOAD"):
+        env["LD_PRELOAD"] = ":".join(libs)
     src = os.path.join(REPO, "src")
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
