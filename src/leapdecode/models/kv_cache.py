@@ -16,9 +16,11 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        shape = (n_slots, n_kv_heads, max_len, head_dim)  # [slots, H_kv, L, D]
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        # one tensor for every layer: self.k[layer] is that layer's [slots, H_kv, L, D] view, and
+        # an operation over all layers (a tree step's compaction) is one call, not one a layer
+        shape = (n_layers, n_slots, n_kv_heads, max_len, head_dim)  # [layers, slots, H_kv, L, D]
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.lens = torch.zeros(n_slots, dtype=torch.long)  # [slots], on the CPU
         self.n_slots = n_slots
         self.max_len = max_len
@@ -55,11 +57,11 @@ class KVCache:
         src = torch.where(j < n[:, None], base[:, None] + picked, dst)  # padding copies onto itself
         moved = (src != dst).any(1)  # [B] rows whose path is not already in place
         if bool(moved.any()):
-            rows = slots[moved][:, None].to(self.k[0].device)  # [B', 1]
+            rows = slots[moved][:, None].to(self.k.device)  # [B', 1]
             src, dst = src[moved].to(rows.device), dst[moved].to(rows.device)
-            for layer in range(len(self.k)):
-                self.k[layer][rows, :, dst] = self.k[layer][rows, :, src]
-                self.v[layer][rows, :, dst] = self.v[layer][rows, :, src]
+            # every layer at once: [B', L, layers, H_kv, D] gathered, then scattered back
+            self.k[:, rows, :, dst] = self.k[:, rows, :, src]
+            self.v[:, rows, :, dst] = self.v[:, rows, :, src]
         self.lens[slots] = base + n
 
     def read(self, layer: int, slots: torch.Tensor | None, span: int,
