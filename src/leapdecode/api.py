@@ -103,6 +103,7 @@ class LeapDecoder:
         suffix_decoding_max_tree_depth: int = 24,
         suffix_decoding_max_cached_requests: int = 10_000,
         speculators: str | list[str] | None = None,
+        compile: bool = False,
     ) -> LeapDecoder:
         """device: cpu | cuda (default: $LEAPDECODE_DEVICE, else cpu: the whole test suite
         runs on a GPU with LEAPDECODE_DEVICE=cuda);
@@ -117,7 +118,10 @@ class LeapDecoder:
         requests' outputs the global trie keeps (FIFO; 0: none);
         speculators: folders of Medusa / EAGLE heads trained on this target (default: those
         beside it, `<target>-medusa` and `<target>-eagle`, when the backend can run them;
-        []: none)."""
+        []: none);
+        compile: run the target's decode and verify steps through torch.compile (native
+        backend, full attention): compiled before this returns, about a minute a graph the
+        first time and seconds once cached (docs/compiled_step.md has the figures)."""
         set_threads(threads)
         device = device or os.environ.get("LEAPDECODE_DEVICE") or "cpu"
         target_model = load_model(target, backend, device, dtype, what="target")
@@ -133,9 +137,12 @@ class LeapDecoder:
         else:
             paths = [speculators] if isinstance(speculators, str) else list(speculators)
             heads = load_heads(paths, target_model)
-        return cls(target_model, tokenizer, _eos_ids(target, target_model.config), draft_model,
-                   ranking, draft_vocab, max_num_seqs, suffix_decoding_max_tree_depth,
-                   suffix_decoding_max_cached_requests, heads)  # fmt: skip
+        dec = cls(target_model, tokenizer, _eos_ids(target, target_model.config), draft_model,
+                  ranking, draft_vocab, max_num_seqs, suffix_decoding_max_tree_depth,
+                  suffix_decoding_max_cached_requests, heads)  # fmt: skip
+        if compile:
+            dec.engine.compile()
+        return dec
 
     @property
     def engine(self) -> Engine:

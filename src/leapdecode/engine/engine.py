@@ -149,6 +149,20 @@ class Engine:
         if self.draft is not None:
             self.draft.allocate(self.max_num_seqs, self.max_len)
 
+    def compile(self) -> float:
+        """Compile the target's short steps (native backend) for this engine's batch size and
+        the hidden states its proposers want; returns the seconds the warm-up took."""
+        compile_model = getattr(self.target, "compile", None)
+        if compile_model is None:
+            raise LeapDecodeError(
+                f"--compile needs the native backend, not {self.target.name}: leave it out"
+            )
+        want = HiddenRequest()
+        for p in self.proposers.values():
+            want = want.union(p.wants_hidden)
+        self.allocate()
+        return compile_model(self.max_num_seqs, want.layers)
+
     def capabilities(self) -> dict:
         """What `check_spec` needs to know of this engine (the server's HTTP process checks
         requests with it, away from the models)."""

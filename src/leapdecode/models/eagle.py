@@ -26,6 +26,7 @@ from torch import nn
 
 from ..errors import LeapDecodeError
 from .heads import read_folder, write_folder
+from .ops import linear, transposed
 from .rope import apply_rope, rope_tables
 
 
@@ -203,17 +204,15 @@ class Eagle3Head(nn.Module):
 
 class Eagle3Runner:
     """`Eagle3Head.qkv` and `.finish` for drafting, with fused weights (q|k|v and gate|up
-    in one matmul each) laid out as the native backend lays its own (models/llama.py
-    `_linear`): a tree step is a handful of rows, where per-op overhead dominates."""
+    in one matmul each) laid out as the native backend lays its own (models/ops.py
+    `linear`): a tree step is a handful of rows, where per-op overhead dominates."""
 
     def __init__(self, head: Eagle3Head) -> None:
-        from .llama import _linear, _transposed
-
         def lay(*ws: torch.Tensor) -> torch.Tensor:
             w = torch.cat([x.detach() for x in ws], dim=0)  # [out, in]
-            return w.t().contiguous() if _transposed(w) else w.contiguous()
+            return w.t().contiguous() if transposed(w) else w.contiguous()
 
-        self.linear = _linear
+        self.linear = linear
         self.heads, self.kv_heads, self.head_dim = head.heads, head.kv_heads, head.head_dim
         self.eps = head.eps
         self.fc = lay(head.fc.weight)

@@ -18,6 +18,9 @@ from safetensors.torch import load_file
 from ..errors import LeapDecodeError
 from .base import CausalLM, ForwardOutput, HiddenRequest
 from .kv_cache import KVCache
+from .ops import linear as _linear
+from .ops import rms_norm as _rms_norm
+from .ops import transposed as _transposed
 from .rope import apply_rope, rope_tables
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -42,33 +45,6 @@ class LayerWeights:
     w_down: torch.Tensor  # [I, hidden]
     b_down: torch.Tensor | None
     window: int | None  # sliding-window size, None for full attention
-
-
-def _transposed(w: torch.Tensor) -> bool:
-    """Weight layout: float32 on CPU is kept transposed ([in, out]); all else [out, in].
-
-    float32 on CPU: the one-row decode matmul with [in, out] weights streams the matrix and
-    runs about twice as fast as `F.linear` (bench/backend_step.py measures it). bfloat16 and
-    float16 on CPU go to oneDNN through `F.linear`, whose cost stays nearly flat from 1 to 16
-    rows (the verify forward) and gives each row the same bits whatever the row count.
-    CUDA: `F.linear` (cuBLAS) either way.
-    """
-    return w.dtype == torch.float32 and w.device.type == "cpu"
-
-
-def _linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., in] times w (+ bias) -> [..., out], for either layout (see _transposed)."""
-    if _transposed(w):
-        y = torch.matmul(x, w)
-        return y if bias is None else y + bias
-    return F.linear(x, w, bias)
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm computed in float32, weight applied in the model dtype (as transformers does)."""
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, weight.shape[-1:], weight, eps)
-    return weight * F.rms_norm(x.float(), x.shape[-1:], None, eps).to(x.dtype)
 
 
 def read_safetensors(path: str) -> dict[str, torch.Tensor]:
@@ -136,6 +112,23 @@ class NativeLlama(CausalLM):
         # and float32 holds bfloat16/float16 keys and values exactly.
         self.attn_dtype = torch.float32 if device.type == "cpu" else dtype
         self.cache: KVCache | None = None
+        self.compiled = None  # a CompiledForward once compile() is called
+    def compile(self, max_rows: int = 1, keep: tuple[int, ...] = (), warm_up: bool = True) -> float:
+        """Run the short steps (decode, verify, tree; up to compiled.MAX_TOKENS new tokens a
+        row) through torch.compile (models/compiled.py); prompts and scattered slots stay
+        eager. `keep`: the hidden-state layers the step always returns (the union of what
+        the proposers want). Warm-up compiles the graphs for up to `max_rows` rows at once
+        (four at most: one row or more, one token or more) with a progress bar; returns its
+        seconds. The compiled code is cached under ~/.cache/leapdecode/inductor."""
+        if len(self.windows) > 1 or None not in self.windows:
+            raise LeapDecodeError(
+                "--compile covers full-attention models; this one has sliding-window layers: "
+                "leave --compile out"
+            )
+        from .compiled import CompiledForward
+
+        self.compiled = CompiledForward(self, keep)
+        return self.compiled.warm_up(max_rows) if warm_up else 0.0
 
     # ----------------------------------------------------------------- weights
     def _load(self, state: dict[str, torch.Tensor], config) -> None:
@@ -292,6 +285,67 @@ class NativeLlama(CausalLM):
             full.index_copy_(0, rows, mask)
         return full
 
+    def _run_compiled(self, tokens, slots_cpu, start, positions, tree_mask, logits_at,
+                      want: HiddenRequest | None, same_start: bool) -> ForwardOutput | None:  # fmt: skip
+        """The step through the compiled forward, or None when its slots are too scattered
+        (then it runs eager). Rows are the slot range lo .. hi, the holes as dummy rows."""
+        batch, n_new = tokens.shape
+        lo, hi = int(slots_cpu.min()), int(slots_cpu.max())
+        width = hi - lo + 1
+        if width > max(2 * batch, batch + 1) or len(set(slots_cpu.tolist())) != batch:
+            return None
+        rows = slots_cpu - lo  # [B] each row's place in the range
+        dense = width == batch and torch.equal(rows, torch.arange(batch))
+        causal = torch.ones(n_new, n_new, dtype=torch.bool).tril()  # [T, T]
+        allowed = causal.expand(batch, n_new, n_new) if tree_mask is None else tree_mask.cpu()
+        bias = torch.zeros(batch, 1, n_new, n_new, dtype=self.attn_dtype)
+        bias.masked_fill_(~allowed[:, None], float("-inf"))  # [B, 1, T, T]
+        if not dense:  # the holes: token 0 at position 0, nothing cached, causal
+            pad = torch.zeros(width, n_new, dtype=tokens.dtype)
+            tokens = pad.index_copy(0, rows, tokens.cpu())
+            positions = pad.index_copy(0, rows, positions)
+            start = torch.zeros(width, dtype=start.dtype).index_copy(0, rows, start)
+            holes = torch.zeros(width, 1, n_new, n_new, dtype=self.attn_dtype)
+            holes.masked_fill_(~causal, float("-inf"))
+            bias = holes.index_copy(0, rows, bias)
+        dev = self.device
+        compiled = self.compiled
+        if want and not set(want.layers) <= set(compiled.keep):  # a new graph (compiles)
+            compiled.keep = tuple(sorted(set(compiled.keep) | set(want.layers)))
+        # copies made here, in inference mode, whoever made the inputs: a graph's guards
+        # tell an inference tensor from a plain one, and would compile the step again
+        final, hidden, new_k, new_v = compiled(
+            tokens.to(dev, copy=True), positions.to(dev, copy=True), lo, width, start,
+            bias.to(dev)
+        )
+        if hidden is not None:  # [B, T, len(keep), hidden] -> the layers asked for
+            picked = [compiled.keep.index(i) for i in want.layers] if want else []
+            hidden = hidden[:, :, picked] if picked else None
+        cache = self.cache
+        if dense and same_start:  # one slice write for every layer
+            p0 = int(start[0])
+            cache.k[:, lo : lo + batch, :, p0 : p0 + n_new] = new_k
+            cache.v[:, lo : lo + batch, :, p0 : p0 + n_new] = new_v
+        else:
+            at = rows.to(dev)
+            real_start = start[rows]
+            write_pos = (real_start[:, None] + torch.arange(n_new)).to(dev)  # [B, T]
+            dst = (slots_cpu.to(dev)[:, None], slice(None), write_pos)
+            # [L, B, H_kv, T, D] -> [B, T, L, H_kv, D], the advanced-index dimensions first
+            cache.k[(slice(None), *dst)] = new_k[:, at].permute(1, 3, 0, 2, 4)
+            cache.v[(slice(None), *dst)] = new_v[:, at].permute(1, 3, 0, 2, 4)
+            start = real_start
+        cache.lens[slots_cpu] = start + n_new
+        if not dense:
+            at = rows.to(dev)
+            final = final[at]
+            hidden = hidden[at] if hidden is not None else None
+        x = final
+        if logits_at is not None:
+            x = x[torch.arange(batch, device=dev), logits_at.to(dev)][:, None]  # [B, 1, hidden]
+        logits = _linear(x, self.lm_head, None).float()  # [B, T, V]
+        return ForwardOutput(logits, hidden, final if want is not None and want.final else None)
+
     def forward(self, tokens, slots, tree_mask=None, position_offsets=None, logits_at=None):
         return self._run(tokens, slots, tree_mask, position_offsets, logits_at, None).logits
 
@@ -326,6 +380,11 @@ class NativeLlama(CausalLM):
         positions = (start[:, None] + offsets).clamp(max=self.max_context - 1)  # [B, T]
         p0 = int(start[0])
         same_start = batch == 1 or bool((start == p0).all())
+        if self.compiled is not None and self.compiled.fits(n_new):
+            out = self._run_compiled(tokens, slots_cpu, start, positions, tree_mask, logits_at,
+                                     want, same_start)  # fmt: skip
+            if out is not None:
+                return out
         masks = self._masks(start, n_new, span, tree_mask, positions, same_start)
         first = int(slots_cpu[0])
         contiguous = first if torch.equal(slots_cpu, torch.arange(first, first + batch)) else None

@@ -1,0 +1,158 @@
+"""The native forward compiled with torch.compile (inductor; on CPU its C++ backend and wrapper).
+
+Eager, a decode step of a small model is spent on per-operation overhead (docs/step_profile.md):
+about eleven operations a layer, each a Python call and a kernel launch. Compiled, the
+elementwise work (norms, rotary, SiLU, softmax, residuals) fuses into a few C++ loops a layer
+and, with the C++ wrapper, no Python runs between kernels.
+
+The graph only reads the KV cache: attention runs in two parts, the cached prefix and the
+step's own new tokens, joined in one softmax, and the new keys and values come back out for
+the caller to write in one call for every layer. The past is read over `ceil(longest / 64) * 64`
+positions (an additive bias hides what a row has not cached), so its length never takes the
+values 0 or 1 that torch.compile specialises on. Rows, tokens and the past are dynamic sizes:
+four graphs (one row or more, one token or more) serve every decode, verify and tree step.
+
+What it covers: full-attention models (no sliding window), new tokens <= MAX_TOKENS a row,
+rows in a range of consecutive cache slots (holes between them run as dummy rows). Everything
+else (a long prompt, a sliding window, scattered slots) runs eager.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from .ops import linear, rms_norm
+from .rope import apply_rope
+
+MAX_TOKENS = 64  # longest step compiled; prompts run eager (one forward each, few of them)
+PAST_BLOCK = 64  # the past is read in whole blocks of positions
+CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "leapdecode", "inductor")
+
+
+class CompiledForward:
+    """The layers of a `NativeLlama` as one compiled function (see the module docstring)."""
+
+    def __init__(self, model, keep: tuple[int, ...] = (), cpp_wrapper: bool | None = None) -> None:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", CACHE_DIR)
+        import torch._dynamo
+
+        # four shape classes times the hidden-state requests of one engine
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
+        torch._dynamo.config.accumulated_recompile_limit = max(
+            torch._dynamo.config.accumulated_recompile_limit, 256
+        )
+        self.model = model
+        self.keep = tuple(sorted(set(keep)))  # hidden-state layers every step returns
+        if cpp_wrapper is None:  # the C++ wrapper: no Python between kernels (CPU)
+            cpp_wrapper = model.device.type == "cpu"
+        self._fn = torch.compile(self._layers, options={"cpp_wrapper": cpp_wrapper})
+        self.compile_s = 0.0  # time spent in calls that compiled a graph
+
+    def fits(self, n_new: int) -> bool:
+        return 1 <= n_new <= MAX_TOKENS
+
+    def _layers(self, tokens, positions, past_k, past_v, past_bias, new_bias):
+        """tokens, positions [B, T]; past_k/v [L, B, H_kv, S, D] (the cache, read only);
+        past_bias [B, 1, 1, S] and new_bias [B, 1, T, T] additive (0 or -inf).
+        Returns (x after the final norm [B, T, hidden], hidden [B, T, len(self.keep), hidden] or
+        None, new keys and values [L, B, H_kv, T, D])."""
+        m, keep = self.model, self.keep
+        b, t = tokens.shape
+        h, h_kv, d = m.n_heads, m.n_kv_heads, m.head_dim
+        g = h // h_kv
+        scale = d**-0.5
+        cos = m.cos[positions].unsqueeze(2)  # [B, T, 1, D]
+        sin = m.sin[positions].unsqueeze(2)
+        x = F.embedding(tokens, m.embed)  # [B, T, hidden]
+        kept, keys, values = {}, [], []
+        for i, layer in enumerate(m.layers):
+            if i in keep:
+                kept[i] = x
+            a = rms_norm(x, layer.attn_norm, m.eps)
+            qkv = linear(a, layer.wqkv, layer.bqkv)  # [B, T, (H + 2 H_kv) D]
+            qk = qkv[..., : (h + h_kv) * d].view(b, t, h + h_kv, d)
+            v = qkv[..., (h + h_kv) * d :].view(b, t, h_kv, d)
+            if layer.qk_norm is not None:
+                qk = F.rms_norm(qk.float(), (d,), None, m.eps).to(m.dtype) * layer.qk_norm
+            qk = apply_rope(qk, cos, sin).to(m.attn_dtype)
+            q = qk[:, :, :h].reshape(b, t, h_kv, g, d).permute(0, 2, 3, 1, 4)  # [B, H_kv, g, T, D]
+            k = qk[:, :, h:].transpose(1, 2)  # [B, H_kv, T, D]
+            v = v.to(m.attn_dtype).transpose(1, 2)  # [B, H_kv, T, D]
+            keys.append(k)
+            values.append(v)
+            q = q.reshape(b, h_kv, g * t, d)
+            s_past = (q @ past_k[i].transpose(-1, -2)).view(b, h_kv, g, t, -1) * scale
+            s_new = (q @ k.transpose(-1, -2)).view(b, h_kv, g, t, t) * scale
+            s_past = s_past + past_bias[:, :, None]  # [B, H_kv, g, T, S]
+            s_new = s_new + new_bias[:, :, None]  # [B, H_kv, g, T, T]
+            p = torch.cat([s_past, s_new], -1).softmax(-1)
+            n_past = past_k.shape[3]
+            o = (p[..., :n_past].reshape(b, h_kv, g * t, n_past) @ past_v[i]
+                 + p[..., n_past:].reshape(b, h_kv, g * t, t) @ v)  # fmt: skip
+            o = o.view(b, h_kv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, h * d)
+            x = x + linear(o.to(m.dtype), layer.wo, layer.bo)
+            mm = rms_norm(x, layer.mlp_norm, m.eps)
+            gate, up = linear(mm, layer.w_gate_up, layer.b_gate_up).chunk(2, dim=-1)
+            x = x + linear(F.silu(gate) * up, layer.w_down, layer.b_down)
+        if len(m.layers) in keep:
+            kept[len(m.layers)] = x
+        hidden = torch.stack([kept[i] for i in keep], dim=2) if keep else None
+        return rms_norm(x, m.norm, m.eps), hidden, torch.stack(keys), torch.stack(values)
+
+    def __call__(self, tokens, positions, lo: int, width: int, start, new_bias):
+        """Run `width` rows (cache slots lo .. lo + width - 1) after their cached prefixes.
+
+        tokens, positions [width, T] on the device; start [width] cached lengths (CPU);
+        new_bias [width, 1, T, T] float. Returns what `_layers` does."""
+        cache = self.model.cache
+        longest = int(start.max())
+        span = min(-(-max(longest, 1) // PAST_BLOCK) * PAST_BLOCK, cache.max_len)
+        past_k = cache.k[:, lo : lo + width, :, :span]  # [L, B, H_kv, S, D] views
+        past_v = cache.v[:, lo : lo + width, :, :span]
+        hide = torch.arange(span)[None, :] >= start[:, None]  # [B, S]
+        past_bias = torch.zeros(width, 1, 1, span, dtype=cache.k.dtype)
+        past_bias.masked_fill_(hide[:, None, None], float("-inf"))
+        past_bias = past_bias.to(cache.k.device)
+        b, t = tokens.shape
+        for tensor, dims in ((tokens, (0, 1)), (positions, (0, 1)), (past_k, (1, 3)),
+                             (past_v, (1, 3)), (past_bias, (0, 3)), (new_bias, (0, 2, 3))):  # fmt: skip
+            for dim in dims:
+                if tensor.shape[dim] > 1:
+                    torch._dynamo.mark_dynamic(tensor, dim)
+        t0 = time.perf_counter()
+        frames = _frames_compiled()
+        out = self._fn(tokens, positions, past_k, past_v, past_bias, new_bias)
+        if _frames_compiled() != frames:
+            self.compile_s += time.perf_counter() - t0
+        return out
+
+
+    def warm_up(self, max_rows: int) -> float:
+        """Compile the graphs a run can meet, now: one row and (when max_rows > 1) two, each
+        with one new token and with three. Returns the seconds it took."""
+        from tqdm import tqdm
+
+        m = self.model
+        cache = m.cache
+        if cache is None or cache.n_slots < min(max_rows, 2):
+            raise RuntimeError("allocate() the cache before compiling")
+        shapes = [(1, 1), (1, 3)] + ([(2, 1), (2, 3)] if max_rows > 1 else [])
+        t0 = time.perf_counter()
+        saved = cache.lens.clone()
+        for rows, n in tqdm(shapes, desc="compiling the forward (once; cached after)",
+                            unit="graph", leave=False):  # fmt: skip
+            slots = torch.arange(rows)
+            cache.lens[:rows] = 5  # any cached prefix: the keys are only read
+            m.forward(torch.zeros(rows, n, dtype=torch.long), slots)
+        cache.lens.copy_(saved)
+        return time.perf_counter() - t0
+
+
+def _frames_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]

@@ -1,0 +1,98 @@
+"""The compiled forward (models/compiled.py): the same logits, cache and hidden states as the
+eager one, no new graph after the warm-up, and greedy output still equal to `transformers`."""
+
+import pytest
+import torch
+
+import helpers
+from helpers import assert_lossless
+from leapdecode import LeapDecoder
+from leapdecode.models import load_model
+from leapdecode.models.base import HiddenRequest
+
+V = helpers.VOCAB
+TREE = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+CASES = {  # rows' slots, new tokens a row, forward's keywords
+    "decode": ([0], 1, {}),
+    "verify": ([2], 5, {}),
+    "ragged decode": ([0, 1, 2], 1, {}),
+    "ragged verify": ([1, 2, 3], 4, {}),
+    "slots with a hole": ([3, 5], 3, {}),
+    "tree": ([0, 1], 4, dict(tree_mask=TREE.expand(2, 4, 4).clone(),
+                             position_offsets=torch.tensor([[0, 1, 1, 2]] * 2))),
+    "logits at": ([0, 1], 3, dict(logits_at=torch.tensor([2, 1]))),
+}  # fmt: skip
+
+
+def graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+@pytest.fixture(scope="module")
+def model(target_dir):
+    m = load_model(target_dir)
+    m.allocate(6, 200)
+    m.compile(max_rows=6, keep=(0, 1, 2))
+    return m
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("case", list(CASES))
+def test_compiled_step_equals_eager(model, case, hidden):
+    slots, n, kw = CASES[case]
+    slots = torch.tensor(slots)
+    gen = torch.Generator().manual_seed(0)
+    model.allocate(6, 200)
+    model.compiled, compiled = None, model.compiled
+    model.forward(torch.randint(0, V, (6, 40), generator=gen), torch.arange(6))
+    model.truncate(torch.arange(6), torch.tensor([40, 31, 40, 9, 40, 22]))
+    tokens = torch.randint(0, V, (len(slots), n), generator=gen)
+    want = HiddenRequest((0, 2), True) if hidden else None
+    saved = model.cache.k.clone(), model.cache.v.clone(), model.cache.lens.clone()
+    outs = {}
+    for name, path in (("eager", None), ("compiled", compiled)):
+        model.compiled = path
+        model.cache.k.copy_(saved[0]), model.cache.v.copy_(saved[1])
+        model.cache.lens.copy_(saved[2])
+        before = graphs()
+        out = model.forward_outputs(tokens, slots, want, **kw) if want else model.forward(
+            tokens, slots, **kw)  # fmt: skip
+        outs[name] = (out, model.cache.k.clone(), model.cache.v.clone(), model.cache.lens.clone())
+        assert graphs() == before, "a step after the warm-up compiled a new graph"
+    (a, ka, va, la), (b, kb, vb, lb) = outs["eager"], outs["compiled"]
+    if hidden:
+        for x, y in ((a.logits, b.logits), (a.hidden, b.hidden), (a.final, b.final)):
+            assert x.shape == y.shape and (x - y).abs().max() < 1e-4
+    else:
+        assert a.shape == b.shape and (a - b).abs().max() < 1e-4
+    assert (ka - kb).abs().max() < 1e-4 and (va - vb).abs().max() < 1e-4
+    assert torch.equal(la, lb)
+
+
+@pytest.fixture(scope="module")
+def compiled_decoder(target_dir, draft_dir):
+    dec = LeapDecoder.from_pretrained(target_dir, draft=draft_dir, compile=True)
+    assert dec.target.compiled is not None
+    return dec
+
+
+@pytest.mark.parametrize("method,kw", [("none", {}), ("draft", {}), ("ngram", {}),
+                                       ("suffix", {"use_tree_spec": True}),
+                                       ("lookahead", {})])  # fmt: skip
+def test_compiled_greedy_matches_transformers(compiled_decoder, hf_target, method, kw):
+    prompts = helpers.random_prompts(compiled_decoder.tokenizer, 24, 3, 61, seed=0)
+    reference = helpers.greedy_reference(hf_target, prompts, 24)
+    before = graphs()
+    results = compiled_decoder.generate_batch(prompts, method=method, k=4, max_new_tokens=24,
+                                              **kw)  # fmt: skip
+    assert_lossless(prompts, [r.token_ids for r in results], reference, hf_target)
+    assert graphs() == before, "generation compiled a graph the warm-up did not"
+
+
+def test_compile_refuses_the_transformers_backend(target_dir):
+    from leapdecode.errors import LeapDecodeError
+
+    with pytest.raises(LeapDecodeError, match="native backend"):
+        LeapDecoder.from_pretrained(target_dir, backend="transformers", compile=True)
