@@ -2,7 +2,7 @@
 ceiling at these shapes.
 
     python bench/step_profile.py [--dtypes float32,bfloat16] [--reps 300] [--threads 1]
-                                 [--out docs/step_profile]
+                                 [--no-compiled] [--out docs/step_profile]
 
 Steps, each after a 128-token cached context and rolled back after (every repetition sees the
 same state): a decode step (1 row), a chain verify (17 rows: k = 16 plus the root) and a
@@ -13,6 +13,11 @@ elementwise work; cache reads/writes and indexing), and the rest of the wall tim
 operation holds, as Python and dispatch. The engine's own Python (planning, proposing,
 acceptance, bookkeeping) is measured in `LeapDecoder.generate` (`none` and `ngram k=16`): the
 share of the call outside the target's forwards.
+
+With the compiled forward (models/compiled.py; `--compile`), the same steps are timed again,
+interleaved with the eager ones: before (eager) and after (compiled), each step's time and
+share of the ceiling, and 17 verify rows over one decode row. (The profiler's kinds are for
+the eager path: compiled, the elementwise work is fused into the graph's own kernels.)
 
 The ceiling: a matmul microbenchmark (GFLOP/s) at a large square shape and at the step's own
 shapes, and the memory bandwidth (a large copy, GB/s); a step's arithmetic (2 flops a
@@ -185,6 +190,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "step_profile"))
+    ap.add_argument("--no-compiled", dest="compiled", action="store_false",
+                    help="time the eager forward only")  # fmt: skip
     args = ap.parse_args()
 
     from leapdecode.models import load_model
@@ -204,9 +211,18 @@ def main() -> int:
         model.forward(context, slot)
         todo = steps(config.vocab_size)
         times = {name: [] for name in todo}
+        compiled_times = {name: [] for name in todo}
+        compiled = None
+        if args.compiled:
+            model.compile(max_rows=1)
+            compiled, model.compiled = model.compiled, None
         for _ in tqdm(range(args.reps), desc=f"{dtype}: interleaved steps"):
             for name, (tokens, tree, offsets) in todo.items():
                 times[name].append(time_step(model, tokens, tree, offsets, slot))
+                if compiled is not None:
+                    model.compiled = compiled
+                    compiled_times[name].append(time_step(model, tokens, tree, offsets, slot))
+                    model.compiled = None
         rows = {}
         for name, (tokens, tree, offsets) in todo.items():
             wall = statistics.median(times[name])
@@ -215,6 +231,11 @@ def main() -> int:
             rows[name] = {"ms": wall * 1e3, "rows": n_rows,
                           "gflops": flops_per_row(config, CONTEXT) * n_rows / wall / 1e9,
                           **prof}  # fmt: skip
+            if compiled is not None:
+                c = statistics.median(compiled_times[name])
+                rows[name]["compiled"] = {
+                    "ms": c * 1e3, "gflops": flops_per_row(config, CONTEXT) * n_rows / c / 1e9
+                }  # fmt: skip
         td = getattr(torch, dtype)
         h, inter, v = config.hidden_size, config.intermediate_size, config.vocab_size
         ceiling = {
@@ -259,6 +280,20 @@ def write(r: dict, args) -> None:
                       f"{by.get('Python and dispatch (no operation)', 0.0):.2f}"]  # fmt: skip
             lines.append(f"| {name} | {s['ms']:.2f} | {s['gflops']:.2f} | {s['gflops'] / big:.1%} "
                          f"| {s['ops_per_step']:.0f} | " + " | ".join(cells) + " |")  # fmt: skip
+        first = next(iter(d["steps"].values()))
+        if "compiled" in first:
+            c = {n: s["compiled"] for n, s in d["steps"].items()}
+            lines += ["", f"Before and after: eager against the compiled forward (`--compile`), "
+                      "interleaved in the same run.", "",
+                      "| step | eager ms | compiled ms | eager / compiled | share of the 1024^3 "
+                      "matmul's, eager | compiled |", "|---|---|---|---|---|---|"]  # fmt: skip
+            for name, s in d["steps"].items():
+                lines.append(f"| {name} | {s['ms']:.2f} | {c[name]['ms']:.2f} | "
+                             f"**{s['ms'] / c[name]['ms']:.2f}x** | {s['gflops'] / big:.1%} | "
+                             f"{c[name]['gflops'] / big:.1%} |")  # fmt: skip
+            dec, ver = "decode (1 row)", "chain verify (17 rows)"
+            lines += ["", f"17 verify rows / 1 decode row: eager **{d['verify17_over_decode']:.2f}x**"
+                      f", compiled **{c[ver]['ms'] / c[dec]['ms']:.2f}x**."]  # fmt: skip
         lines += ["", "| matmul | GFLOP/s |", "|---|---|"]
         lines += [f"| {k} | {v:.1f} |" for k, v in d["matmul_gflops"].items()]
         lines += [

@@ -122,7 +122,7 @@ def run_demo(args) -> int:
     dec = LeapDecoder.from_pretrained(target, draft=draft, backend=args.backend,
                                       device=args.device, dtype=args.dtype,
                                       draft_dtype=args.draft_dtype,
-                                      speculators=args.speculator,
+                                      speculators=args.speculator, compile=args.compile,
                                       suffix_decoding_max_cached_requests=0)  # fmt: skip
     methods = [(m, 0 if m == "none" else args.k or DEMO_K.get(m, 4))
                for m in names or _default_methods(dec)]  # fmt: skip

@@ -239,6 +239,7 @@ def cmd_run(args) -> int:
     dec = LeapDecoder.from_pretrained(
         target, draft=draft, device=args.device, dtype=args.dtype, draft_dtype=args.draft_dtype,
         draft_vocab=args.draft_vocab, threads=args.threads, speculators=args.speculator,
+        compile=args.compile,
     )  # fmt: skip
     peers = None if args.no_peers else HFPeers(target, draft, args.dtype, args.draft_dtype)
     heads = dec.engine.proposers

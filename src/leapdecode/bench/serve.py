@@ -203,6 +203,8 @@ def local_server(args, extra: tuple[str, ...] = ()):
         cmd += ["--threads", str(max(1, available_cores() - 1))]
     for path in args.speculator or ():
         cmd += ["--speculator", path]
+    if getattr(args, "compile", False):
+        cmd.append("--compile")
     os.makedirs(args.out, exist_ok=True)
     log_path = os.path.join(args.out, "server.log")
     with open(log_path, "w") as log:  # the child holds its own copy
@@ -247,7 +249,7 @@ def tree_rss_kb(pid: int) -> int:
     return total
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, log_path: str, limit_s: float = 300) -> None:
+def _wait_healthy(url: str, proc: subprocess.Popen, log_path: str, limit_s: float = 900) -> None:
     import httpx
 
     deadline = time.time() + limit_s

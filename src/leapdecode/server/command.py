@@ -112,13 +112,17 @@ def cmd_serve(args) -> int:
     load = dict(target=target, draft=draft, backend=args.backend, device=args.device,
                 dtype=args.dtype, draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab,
                 max_num_seqs=args.max_num_seqs, threads=args.threads,
-                speculators=args.speculator, **engine_options(args))  # fmt: skip
+                speculators=args.speculator, compile=args.compile,
+                **engine_options(args))  # fmt: skip
     resolve_threads(args.threads)  # a bad --threads is said here, not by the engine process
     torch.set_num_threads(1)  # the HTTP process runs no model
     name = args.served_model_name or os.path.basename(os.path.abspath(target))
     if spec.method == "auto":
         print("leapdecode: loading, then profiling the step costs for auto (a few seconds)...",
               flush=True)  # fmt: skip
+    if args.compile:
+        print("leapdecode: compiling the target's forward (about a minute a graph the first "
+              "time, seconds once cached)...", flush=True)  # fmt: skip
     engine = EngineClient({"load": load, "spec": spec}, args.max_queue)
     try:
         info = engine.wait_ready()
