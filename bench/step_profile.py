@@ -283,7 +283,7 @@ def write(r: dict, args) -> None:
         first = next(iter(d["steps"].values()))
         if "compiled" in first:
             c = {n: s["compiled"] for n, s in d["steps"].items()}
-            lines += ["", f"Before and after: eager against the compiled forward (`--compile`), "
+            lines += ["", "Before and after: eager against the compiled forward (`--compile`), "
                       "interleaved in the same run.", "",
                       "| step | eager ms | compiled ms | eager / compiled | share of the 1024^3 "
                       "matmul's, eager | compiled |", "|---|---|---|---|---|---|"]  # fmt: skip

@@ -96,3 +96,18 @@ def test_compile_refuses_the_transformers_backend(target_dir):
 
     with pytest.raises(LeapDecodeError, match="native backend"):
         LeapDecoder.from_pretrained(target_dir, backend="transformers", compile=True)
+
+
+def test_cost_model_profiles_the_compiled_path(compiled_decoder):
+    """auto's step costs are measured on the forward that runs: the compiled one, with no graph
+    of its own (its rows are consecutive slots from 0, its steps within the four shapes)."""
+    before = graphs()
+    calls = []
+    compiled = compiled_decoder.target.compiled
+    real = compiled._fn
+    compiled._fn = lambda *a: calls.append(1) or real(*a)
+    try:
+        compiled_decoder.engine.scheduler.ensure_cost_model()
+    finally:
+        compiled._fn = real
+    assert calls and graphs() == before
