@@ -7,7 +7,6 @@ import torch
 import helpers
 from helpers import assert_lossless
 from leapdecode import LeapDecoder
-from leapdecode.models import load_model
 from leapdecode.models.base import HiddenRequest
 
 V = helpers.VOCAB
@@ -31,11 +30,19 @@ def graphs() -> int:
 
 
 @pytest.fixture(scope="module")
-def model(target_dir):
-    m = load_model(target_dir)
-    m.allocate(6, 200)
-    m.compile(max_rows=6, keep=(0, 1, 2))
-    return m
+def compiled_decoder(target_dir, draft_dir):
+    """One compiled target for every test here (a graph takes seconds to a minute to build):
+    the decoder's engine holds six slots, and its graphs return hidden layers 0-2."""
+    dec = LeapDecoder.from_pretrained(target_dir, draft=draft_dir, max_num_seqs=6)
+    dec.engine.allocate()
+    dec.target.compile(max_rows=6, keep=(0, 1, 2))
+    assert dec.target.compiled is not None
+    return dec
+
+
+@pytest.fixture(scope="module")
+def model(compiled_decoder):
+    return compiled_decoder.target
 
 
 @pytest.mark.parametrize("hidden", [False, True])
@@ -44,7 +51,7 @@ def test_compiled_step_equals_eager(model, case, hidden):
     slots, n, kw = CASES[case]
     slots = torch.tensor(slots)
     gen = torch.Generator().manual_seed(0)
-    model.allocate(6, 200)
+    model.allocate(6, model.cache.k.shape[3])  # the engine's cache, emptied
     model.compiled, compiled = None, model.compiled
     model.forward(torch.randint(0, V, (6, 40), generator=gen), torch.arange(6))
     model.truncate(torch.arange(6), torch.tensor([40, 31, 40, 9, 40, 22]))
@@ -69,13 +76,6 @@ def test_compiled_step_equals_eager(model, case, hidden):
         assert a.shape == b.shape and (a - b).abs().max() < 1e-4
     assert (ka - kb).abs().max() < 1e-4 and (va - vb).abs().max() < 1e-4
     assert torch.equal(la, lb)
-
-
-@pytest.fixture(scope="module")
-def compiled_decoder(target_dir, draft_dir):
-    dec = LeapDecoder.from_pretrained(target_dir, draft=draft_dir, compile=True)
-    assert dec.target.compiled is not None
-    return dec
 
 
 @pytest.mark.parametrize("method,kw", [("none", {}), ("draft", {}), ("ngram", {}),

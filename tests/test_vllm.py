@@ -287,10 +287,14 @@ def test_spec_configs_are_vllms_names():
         spec_config("vllm-draft", 2)
 
 
-def test_demo_adds_vllms_rows_when_its_environment_is_there(capsys, embedded):
+def test_demo_adds_vllms_rows_when_its_environment_is_there(capsys, embedded, monkeypatch):
     """The README's demo with vLLM's counterparts beside ours, each with plain decoding's
-    output."""
+    output (vLLM's engines eager here: the rows and their tokens are the point, not its
+    speed, and a compiled engine takes a minute or more to start)."""
+    from leapdecode.bench import vllm_peer
     from leapdecode.cli import main
+
+    monkeypatch.setitem(vllm_peer.ENGINE_ARGS, "enforce_eager", True)
 
     python = _vllm_python()
     code = main(["demo", "--methods", "ngram", "--max-new-tokens", "24", "--repeats", "1",

@@ -216,11 +216,13 @@ class NgramProposer(_Custom):
 
 def load_token_strings(tokenizer_path: str, vocab: int) -> list[str] | None:
     """Each token id's string, as LeapDecoder gives its suffix proposer; None (tokens only)
-    when there is no tokenizer to read."""
+    when there is no tokenizer to read. Local files only: vLLM has the model's files on disk
+    (a folder, or its hub cache) by the time it builds a proposer, and a name that is not
+    there must not wait on the network (a minute of retries where the hub is unreachable)."""
     try:
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(tokenizer_path)
+        tok = AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True)
     except Exception:  # noqa: BLE001 - characters are an addition; tokens still match
         return None
     return token_strings(tok, vocab or len(tok))
