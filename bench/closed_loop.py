@@ -53,11 +53,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--configs", default="suffix16,ngram8,auto", help=",".join(CONFIGS))
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--compile", action="store_true", help="the compiled forward (--compile)")
     args = ap.parse_args()
     labels = args.configs.split(",")
     target, draft = resolve_models(None, None)
     dec = LeapDecoder.from_pretrained(target, draft=draft, threads=args.threads,
-                                      suffix_decoding_max_cached_requests=0)  # fmt: skip
+                                      suffix_decoding_max_cached_requests=0,
+                                      compile=args.compile)  # fmt: skip
     eng = dec.engine
     sets = workloads.load(PROMPTS)
     rows = [r for group in zip(*sets.values(), strict=False) for r in group]

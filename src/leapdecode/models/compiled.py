@@ -36,7 +36,8 @@ CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "leapdecode", "induc
 class CompiledForward:
     """The layers of a `NativeLlama` as one compiled function (see the module docstring)."""
 
-    def __init__(self, model, keep: tuple[int, ...] = (), cpp_wrapper: bool | None = None) -> None:
+    def __init__(self, model, keep: tuple[int, ...] = (), cpp_wrapper: bool | None = None,
+                 kernel: bool | None = None) -> None:  # fmt: skip
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", CACHE_DIR)
         import torch._dynamo
 
@@ -49,11 +50,26 @@ class CompiledForward:
         self.keep = tuple(sorted(set(keep)))  # hidden-state layers every step returns
         if cpp_wrapper is None:  # the C++ wrapper: no Python between kernels (CPU)
             cpp_wrapper = model.device.type == "cpu"
-        self._fn = torch.compile(self._layers, options={"cpp_wrapper": cpp_wrapper})
+        # attention that reads each row's own context (CPU float32, when its kernel builds)
+        # (kernel=False: the graph's own attention, for a comparison)
+        self.kernel = False
+        if kernel is not False and model.device.type == "cpu" and model.attn_dtype == torch.float32:
+            from . import attention_cpu
+
+            self.kernel = attention_cpu.available()
+        options = {"cpp_wrapper": cpp_wrapper}
+        self._fn = torch.compile(self._layers, options=options)
+        self._fn_kernel = torch.compile(self._layers_kernel, options=options) if self.kernel else None
         self.compile_s = 0.0  # time spent in calls that compiled a graph
 
     def fits(self, n_new: int) -> bool:
         return 1 <= n_new <= MAX_TOKENS
+
+    def uses_kernel(self, n_new: int) -> bool:
+        """Decode steps (one new token a row) attend through the kernel, which reads any
+        slots; steps of several tokens through the graph's own attention (the kernel's
+        per-query loop is slower there than the graph's matrix products)."""
+        return self.kernel and n_new == 1
 
     def _layers(self, tokens, positions, past_k, past_v, past_bias, new_bias):
         """tokens, positions [B, T]; past_k/v [L, B, H_kv, S, D] (the cache, read only);
@@ -103,29 +119,74 @@ class CompiledForward:
         hidden = torch.stack([kept[i] for i in keep], dim=2) if keep else None
         return rms_norm(x, m.norm, m.eps), hidden, torch.stack(keys), torch.stack(values)
 
-    def __call__(self, tokens, positions, lo: int, width: int, start, new_bias):
-        """Run `width` rows (cache slots lo .. lo + width - 1) after their cached prefixes.
-
-        tokens, positions [width, T] on the device; start [width] cached lengths (CPU);
-        new_bias [width, 1, T, T] float. Returns what `_layers` does."""
-        cache = self.model.cache
-        longest = int(start.max())
-        span = min(-(-max(longest, 1) // PAST_BLOCK) * PAST_BLOCK, cache.max_len)
-        past_k = cache.k[:, lo : lo + width, :, :span]  # [L, B, H_kv, S, D] views
-        past_v = cache.v[:, lo : lo + width, :, :span]
-        hide = torch.arange(span)[None, :] >= start[:, None]  # [B, S]
-        past_bias = torch.zeros(width, 1, 1, span, dtype=cache.k.dtype)
-        past_bias.masked_fill_(hide[:, None, None], float("-inf"))
-        past_bias = past_bias.to(cache.k.device)
+    def _layers_kernel(self, tokens, positions, cache_k, cache_v, slots, lens, new_bias):
+        """`_layers` with attention_cpu's kernel: cache_k/v the whole cache [L, slots, H_kv,
+        L_max, D], each row read over its own cached length (slots, lens [B]); new_bias
+        [B, 1, T, T]. Returns what `_layers` does."""
+        m, keep = self.model, self.keep
         b, t = tokens.shape
-        for tensor, dims in ((tokens, (0, 1)), (positions, (0, 1)), (past_k, (1, 3)),
-                             (past_v, (1, 3)), (past_bias, (0, 3)), (new_bias, (0, 2, 3))):  # fmt: skip
+        h, h_kv, d = m.n_heads, m.n_kv_heads, m.head_dim
+        cos = m.cos[positions].unsqueeze(2)  # [B, T, 1, D]
+        sin = m.sin[positions].unsqueeze(2)
+        bias = new_bias[:, 0]  # [B, T, T]
+        x = F.embedding(tokens, m.embed)  # [B, T, hidden]
+        kept, keys, values = {}, [], []
+        for i, layer in enumerate(m.layers):
+            if i in keep:
+                kept[i] = x
+            a = rms_norm(x, layer.attn_norm, m.eps)
+            qkv = linear(a, layer.wqkv, layer.bqkv)  # [B, T, (H + 2 H_kv) D]
+            qk = qkv[..., : (h + h_kv) * d].view(b, t, h + h_kv, d)
+            v = qkv[..., (h + h_kv) * d :].view(b, t, h_kv, d)
+            if layer.qk_norm is not None:
+                qk = F.rms_norm(qk.float(), (d,), None, m.eps).to(m.dtype) * layer.qk_norm
+            qk = apply_rope(qk, cos, sin)
+            q, k = qk[:, :, :h], qk[:, :, h:]  # [B, T, H, D], [B, T, H_kv, D]
+            keys.append(k.transpose(1, 2))  # [B, H_kv, T, D]
+            values.append(v.transpose(1, 2))
+            o = torch.ops.leapdecode.cached_attention(q, cache_k[i], cache_v[i], slots, lens, k,
+                                                      v, bias, d**-0.5)  # [B, T, H, D]
+            x = x + linear(o.reshape(b, t, h * d), layer.wo, layer.bo)
+            mm = rms_norm(x, layer.mlp_norm, m.eps)
+            gate, up = linear(mm, layer.w_gate_up, layer.b_gate_up).chunk(2, dim=-1)
+            x = x + linear(F.silu(gate) * up, layer.w_down, layer.b_down)
+        if len(m.layers) in keep:
+            kept[len(m.layers)] = x
+        hidden = torch.stack([kept[i] for i in keep], dim=2) if keep else None
+        return rms_norm(x, m.norm, m.eps), hidden, torch.stack(keys), torch.stack(values)
+
+    def __call__(self, tokens, positions, slots, start, new_bias):
+        """Run the rows in cache `slots` (CPU [B]; consecutive unless `uses_kernel`) after their
+        cached prefixes. tokens, positions [B, T] on the device; start [B] cached lengths
+        (CPU); new_bias [B, 1, T, T] float. Returns what `_layers` does."""
+        cache = self.model.cache
+        lo, width = int(slots[0]), len(slots)
+        kernel = self.uses_kernel(tokens.shape[1])
+        if kernel:
+            slots = slots.to(cache.k.device, copy=True)
+            lens = start.to(cache.k.device, copy=True)
+            args = (tokens, positions, cache.k, cache.v, slots, lens, new_bias)
+            dynamic = ((tokens, (0, 1)), (positions, (0, 1)), (slots, (0,)), (lens, (0,)),
+                       (new_bias, (0, 2, 3)))  # fmt: skip
+        else:
+            longest = int(start.max())
+            span = min(-(-max(longest, 1) // PAST_BLOCK) * PAST_BLOCK, cache.max_len)
+            past_k = cache.k[:, lo : lo + width, :, :span]  # [L, B, H_kv, S, D] views
+            past_v = cache.v[:, lo : lo + width, :, :span]
+            hide = torch.arange(span)[None, :] >= start[:, None]  # [B, S]
+            past_bias = torch.zeros(width, 1, 1, span, dtype=cache.k.dtype)
+            past_bias.masked_fill_(hide[:, None, None], float("-inf"))
+            past_bias = past_bias.to(cache.k.device)
+            args = (tokens, positions, past_k, past_v, past_bias, new_bias)
+            dynamic = ((tokens, (0, 1)), (positions, (0, 1)), (past_k, (1, 3)), (past_v, (1, 3)),
+                       (past_bias, (0, 3)), (new_bias, (0, 2, 3)))  # fmt: skip
+        for tensor, dims in dynamic:
             for dim in dims:
                 if tensor.shape[dim] > 1:
                     torch._dynamo.mark_dynamic(tensor, dim)
         t0 = time.perf_counter()
         frames = _frames_compiled()
-        out = self._fn(tokens, positions, past_k, past_v, past_bias, new_bias)
+        out = (self._fn_kernel if kernel else self._fn)(*args)
         if _frames_compiled() != frames:
             self.compile_s += time.perf_counter() - t0
         return out

@@ -290,17 +290,24 @@ class NativeLlama(CausalLM):
         """The step through the compiled forward, or None when its slots are too scattered
         (then it runs eager). Rows are the slot range lo .. hi, the holes as dummy rows."""
         batch, n_new = tokens.shape
+        compiled = self.compiled
         lo, hi = int(slots_cpu.min()), int(slots_cpu.max())
         width = hi - lo + 1
-        if width > max(2 * batch, batch + 1) or len(set(slots_cpu.tolist())) != batch:
+        if len(set(slots_cpu.tolist())) != batch:
             return None
+        kernel = compiled.uses_kernel(n_new)
+        if not kernel and width > max(2 * batch, batch + 1):
+            return None
+        consecutive = torch.equal(slots_cpu, torch.arange(lo, lo + batch))
+        # the graph's own attention reads a slot range: holes between the rows run as dummy
+        # rows; the kernel (attention_cpu) reads any slots
+        padded = not kernel and not consecutive
         rows = slots_cpu - lo  # [B] each row's place in the range
-        dense = width == batch and torch.equal(rows, torch.arange(batch))
         causal = torch.ones(n_new, n_new, dtype=torch.bool).tril()  # [T, T]
         allowed = causal.expand(batch, n_new, n_new) if tree_mask is None else tree_mask.cpu()
         bias = torch.zeros(batch, 1, n_new, n_new, dtype=self.attn_dtype)
         bias.masked_fill_(~allowed[:, None], float("-inf"))  # [B, 1, T, T]
-        if not dense:  # the holes: token 0 at position 0, nothing cached, causal
+        if padded:  # the holes: token 0 at position 0, nothing cached, causal
             pad = torch.zeros(width, n_new, dtype=tokens.dtype)
             tokens = pad.index_copy(0, rows, tokens.cpu())
             positions = pad.index_copy(0, rows, positions)
@@ -309,26 +316,25 @@ class NativeLlama(CausalLM):
             holes.masked_fill_(~causal, float("-inf"))
             bias = holes.index_copy(0, rows, bias)
         dev = self.device
-        compiled = self.compiled
         if want and not set(want.layers) <= set(compiled.keep):  # a new graph (compiles)
             compiled.keep = tuple(sorted(set(compiled.keep) | set(want.layers)))
         # copies made here, in inference mode, whoever made the inputs: a graph's guards
         # tell an inference tensor from a plain one, and would compile the step again
         final, hidden, new_k, new_v = compiled(
-            tokens.to(dev, copy=True), positions.to(dev, copy=True), lo, width, start,
-            bias.to(dev)
-        )
+            tokens.to(dev, copy=True), positions.to(dev, copy=True),
+            slots_cpu if kernel else torch.arange(lo, lo + width), start, bias.to(dev)
+        )  # fmt: skip
         if hidden is not None:  # [B, T, len(keep), hidden] -> the layers asked for
             picked = [compiled.keep.index(i) for i in want.layers] if want else []
             hidden = hidden[:, :, picked] if picked else None
         cache = self.cache
-        if dense and same_start:  # one slice write for every layer
+        at = (rows if padded else torch.arange(batch)).to(dev)  # the real rows' outputs
+        if consecutive and same_start:  # one slice write for every layer
             p0 = int(start[0])
             cache.k[:, lo : lo + batch, :, p0 : p0 + n_new] = new_k
             cache.v[:, lo : lo + batch, :, p0 : p0 + n_new] = new_v
         else:
-            at = rows.to(dev)
-            real_start = start[rows]
+            real_start = start[rows] if padded else start
             write_pos = (real_start[:, None] + torch.arange(n_new)).to(dev)  # [B, T]
             dst = (slots_cpu.to(dev)[:, None], slice(None), write_pos)
             # [L, B, H_kv, T, D] -> [B, T, L, H_kv, D], the advanced-index dimensions first
@@ -336,8 +342,7 @@ class NativeLlama(CausalLM):
             cache.v[(slice(None), *dst)] = new_v[:, at].permute(1, 3, 0, 2, 4)
             start = real_start
         cache.lens[slots_cpu] = start + n_new
-        if not dense:
-            at = rows.to(dev)
+        if padded:
             final = final[at]
             hidden = hidden[at] if hidden is not None else None
         x = final
