@@ -71,16 +71,14 @@ class CompiledForward:
         per-query loop is slower there than the graph's matrix products)."""
         return self.kernel and n_new == 1
 
-    def _layers(self, tokens, positions, past_k, past_v, past_bias, new_bias):
-        """tokens, positions [B, T]; past_k/v [L, B, H_kv, S, D] (the cache, read only);
-        past_bias [B, 1, 1, S] and new_bias [B, 1, T, T] additive (0 or -inf).
-        Returns (x after the final norm [B, T, hidden], hidden [B, T, len(self.keep), hidden] or
-        None, new keys and values [L, B, H_kv, T, D])."""
+    def _stack(self, tokens, positions, attend):
+        """The layers around an attention: attend(i, q, k, v) with q [B, T, H, D] and the new
+        k, v [B, T, H_kv, D] (rotary applied, in the attention dtype) returns [B, T, H, D].
+        Returns (x after the final norm [B, T, hidden], hidden [B, T, len(self.keep), hidden]
+        or None, new keys and values [L, B, H_kv, T, D])."""
         m, keep = self.model, self.keep
         b, t = tokens.shape
         h, h_kv, d = m.n_heads, m.n_kv_heads, m.head_dim
-        g = h // h_kv
-        scale = d**-0.5
         cos = m.cos[positions].unsqueeze(2)  # [B, T, 1, D]
         sin = m.sin[positions].unsqueeze(2)
         x = F.embedding(tokens, m.embed)  # [B, T, hidden]
@@ -91,25 +89,14 @@ class CompiledForward:
             a = rms_norm(x, layer.attn_norm, m.eps)
             qkv = linear(a, layer.wqkv, layer.bqkv)  # [B, T, (H + 2 H_kv) D]
             qk = qkv[..., : (h + h_kv) * d].view(b, t, h + h_kv, d)
-            v = qkv[..., (h + h_kv) * d :].view(b, t, h_kv, d)
+            v = qkv[..., (h + h_kv) * d :].view(b, t, h_kv, d).to(m.attn_dtype)
             if layer.qk_norm is not None:
                 qk = F.rms_norm(qk.float(), (d,), None, m.eps).to(m.dtype) * layer.qk_norm
             qk = apply_rope(qk, cos, sin).to(m.attn_dtype)
-            q = qk[:, :, :h].reshape(b, t, h_kv, g, d).permute(0, 2, 3, 1, 4)  # [B, H_kv, g, T, D]
-            k = qk[:, :, h:].transpose(1, 2)  # [B, H_kv, T, D]
-            v = v.to(m.attn_dtype).transpose(1, 2)  # [B, H_kv, T, D]
-            keys.append(k)
-            values.append(v)
-            q = q.reshape(b, h_kv, g * t, d)
-            s_past = (q @ past_k[i].transpose(-1, -2)).view(b, h_kv, g, t, -1) * scale
-            s_new = (q @ k.transpose(-1, -2)).view(b, h_kv, g, t, t) * scale
-            s_past = s_past + past_bias[:, :, None]  # [B, H_kv, g, T, S]
-            s_new = s_new + new_bias[:, :, None]  # [B, H_kv, g, T, T]
-            p = torch.cat([s_past, s_new], -1).softmax(-1)
-            n_past = past_k.shape[3]
-            o = (p[..., :n_past].reshape(b, h_kv, g * t, n_past) @ past_v[i]
-                 + p[..., n_past:].reshape(b, h_kv, g * t, t) @ v)  # fmt: skip
-            o = o.view(b, h_kv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, h * d)
+            q, k = qk[:, :, :h], qk[:, :, h:]  # [B, T, H, D], [B, T, H_kv, D]
+            keys.append(k.transpose(1, 2))  # [B, H_kv, T, D]
+            values.append(v.transpose(1, 2))
+            o = attend(i, q, k, v).reshape(b, t, h * d)
             x = x + linear(o.to(m.dtype), layer.wo, layer.bo)
             mm = rms_norm(x, layer.mlp_norm, m.eps)
             gate, up = linear(mm, layer.w_gate_up, layer.b_gate_up).chunk(2, dim=-1)
@@ -119,41 +106,43 @@ class CompiledForward:
         hidden = torch.stack([kept[i] for i in keep], dim=2) if keep else None
         return rms_norm(x, m.norm, m.eps), hidden, torch.stack(keys), torch.stack(values)
 
-    def _layers_kernel(self, tokens, positions, cache_k, cache_v, slots, lens, new_bias):
-        """`_layers` with attention_cpu's kernel: cache_k/v the whole cache [L, slots, H_kv,
-        L_max, D], each row read over its own cached length (slots, lens [B]); new_bias
-        [B, 1, T, T]. Returns what `_layers` does."""
-        m, keep = self.model, self.keep
+    def _layers(self, tokens, positions, past_k, past_v, past_bias, new_bias):
+        """The graph's own attention: past_k/v [L, B, H_kv, S, D] (the cache, read only),
+        past_bias [B, 1, 1, S] and new_bias [B, 1, T, T] additive (0 or -inf); the cached
+        prefix and the new tokens joined in one softmax. Returns what `_stack` does."""
         b, t = tokens.shape
-        h, h_kv, d = m.n_heads, m.n_kv_heads, m.head_dim
-        cos = m.cos[positions].unsqueeze(2)  # [B, T, 1, D]
-        sin = m.sin[positions].unsqueeze(2)
+        h_kv, d = self.model.n_kv_heads, self.model.head_dim
+        g = self.model.n_heads // h_kv
+        scale = d**-0.5
+
+        def attend(i, q, k, v):
+            q = q.reshape(b, t, h_kv, g, d).permute(0, 2, 3, 1, 4)  # [B, H_kv, g, T, D]
+            q = q.reshape(b, h_kv, g * t, d)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, H_kv, T, D]
+            s_past = (q @ past_k[i].transpose(-1, -2)).view(b, h_kv, g, t, -1) * scale
+            s_new = (q @ k.transpose(-1, -2)).view(b, h_kv, g, t, t) * scale
+            s_past = s_past + past_bias[:, :, None]  # [B, H_kv, g, T, S]
+            s_new = s_new + new_bias[:, :, None]  # [B, H_kv, g, T, T]
+            p = torch.cat([s_past, s_new], -1).softmax(-1)
+            n_past = past_k.shape[3]
+            o = (p[..., :n_past].reshape(b, h_kv, g * t, n_past) @ past_v[i]
+                 + p[..., n_past:].reshape(b, h_kv, g * t, t) @ v)  # fmt: skip
+            return o.view(b, h_kv, g, t, d).permute(0, 3, 1, 2, 4)  # [B, T, H_kv, g, D]
+
+        return self._stack(tokens, positions, attend)
+
+    def _layers_kernel(self, tokens, positions, cache_k, cache_v, slots, lens, new_bias):
+        """attention_cpu's kernel: cache_k/v the whole cache [L, slots, H_kv, L_max, D], each
+        row read over its own cached length (slots, lens [B]); new_bias [B, 1, T, T].
+        Returns what `_stack` does."""
         bias = new_bias[:, 0]  # [B, T, T]
-        x = F.embedding(tokens, m.embed)  # [B, T, hidden]
-        kept, keys, values = {}, [], []
-        for i, layer in enumerate(m.layers):
-            if i in keep:
-                kept[i] = x
-            a = rms_norm(x, layer.attn_norm, m.eps)
-            qkv = linear(a, layer.wqkv, layer.bqkv)  # [B, T, (H + 2 H_kv) D]
-            qk = qkv[..., : (h + h_kv) * d].view(b, t, h + h_kv, d)
-            v = qkv[..., (h + h_kv) * d :].view(b, t, h_kv, d)
-            if layer.qk_norm is not None:
-                qk = F.rms_norm(qk.float(), (d,), None, m.eps).to(m.dtype) * layer.qk_norm
-            qk = apply_rope(qk, cos, sin)
-            q, k = qk[:, :, :h], qk[:, :, h:]  # [B, T, H, D], [B, T, H_kv, D]
-            keys.append(k.transpose(1, 2))  # [B, H_kv, T, D]
-            values.append(v.transpose(1, 2))
-            o = torch.ops.leapdecode.cached_attention(q, cache_k[i], cache_v[i], slots, lens, k,
-                                                      v, bias, d**-0.5)  # [B, T, H, D]
-            x = x + linear(o.reshape(b, t, h * d), layer.wo, layer.bo)
-            mm = rms_norm(x, layer.mlp_norm, m.eps)
-            gate, up = linear(mm, layer.w_gate_up, layer.b_gate_up).chunk(2, dim=-1)
-            x = x + linear(F.silu(gate) * up, layer.w_down, layer.b_down)
-        if len(m.layers) in keep:
-            kept[len(m.layers)] = x
-        hidden = torch.stack([kept[i] for i in keep], dim=2) if keep else None
-        return rms_norm(x, m.norm, m.eps), hidden, torch.stack(keys), torch.stack(values)
+        scale = self.model.head_dim**-0.5
+
+        def attend(i, q, k, v):
+            return torch.ops.leapdecode.cached_attention(q, cache_k[i], cache_v[i], slots, lens,
+                                                         k, v, bias, scale)  # fmt: skip
+
+        return self._stack(tokens, positions, attend)
 
     def __call__(self, tokens, positions, slots, start, new_bias):
         """Run the rows in cache `slots` (CPU [B]; consecutive unless `uses_kernel`) after their
