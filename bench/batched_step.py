@@ -1,8 +1,8 @@
 """Where a busy server's time goes: prompt prefill and the batched decode step, against the
 machine's ceilings (issue: an engine step ahead of vLLM's).
 
-    python bench/batched_step.py [--rows 1,4,16] [--prompt 600] [--reps 15] [--threads 1]
-                                 [--out docs/batched_step]
+    python bench/batched_step.py [--rows 1,4,16] [--tokens 1,5,17] [--prompt 600] [--reps 15]
+                                 [--threads 1] [--out docs/batched_step]
 
 `bench serve` at 16 clients spends its engine's time in two places: prefilling the prompts
 that arrive (one forward each, eager) and decoding every running row at once. This measures
@@ -10,9 +10,11 @@ both on the embedded target (float32):
 
 - prefill: one prompt of `--prompt` tokens, its wall time, tokens/s and the arithmetic rate
   it reaches against a matmul microbenchmark at its own shape (the machine's ceiling there);
-- the batched decode step: `rows` rows, each after a cached context of the length of a bench
-  prompt (the four categories' prompts in turn, as the serve bench draws them), eager and
-  compiled (`--compile`) interleaved, median of `--reps`. A decode step streams every row's
+- the batched decode and verify steps: `rows` rows of `tokens` new tokens each (1: decode;
+  k + 1: verifying a chain of k drafts), each row after a cached context of the length of a
+  bench prompt (the four categories' prompts in turn, as the serve bench draws them), eager,
+  compiled with the graph's own attention and compiled with the cached-attention kernel,
+  interleaved, median of `--reps`. A decode step streams every row's
   cached keys and values: the bytes it must read (each row's own length) and the bytes it
   does read (every row padded to the longest, as one attention call does), each over the
   step's time, against the machine's streaming bandwidth (a large sum, GB/s).
@@ -69,6 +71,7 @@ def prompt_lengths(tokenizer) -> list[int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="1,4,16")
+    ap.add_argument("--tokens", default="1,5,17", help="new tokens a row (1: a decode step)")
     ap.add_argument("--prompt", type=int, default=600, help="prefill length (tokens)")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--threads", type=int, default=1)
@@ -123,17 +126,18 @@ def main() -> int:
                                                            config.intermediate_size * 2,
                                                            torch.float32, 20)}  # fmt: skip
 
-    # the batched decode step, eager and compiled interleaved
+    # the batched decode and verify steps, the three paths interleaved
     r["decode"] = []
-    for b in tqdm(rows, desc="batched decode steps", unit="shape"):
-        ctx = torch.tensor([min(lengths[i % len(lengths)] + 32, model.max_context - 2)
+    shapes = [(b, t) for b in rows for t in (int(x) for x in args.tokens.split(","))]
+    for b, t in tqdm(shapes, desc="batched steps", unit="shape"):
+        ctx = torch.tensor([min(lengths[i % len(lengths)] + 32, model.max_context - 2 - t)
                             for i in range(b)])  # fmt: skip
         slots = torch.arange(b)
         model.allocate(max_rows, model.max_context + 32)
         model.cache.lens[:b] = ctx
 
-        def step(b=b, slots=slots, ctx=ctx):
-            model.forward(torch.randint(1, config.vocab_size, (b, 1)), slots)
+        def step(b=b, t=t, slots=slots, ctx=ctx):
+            model.forward(torch.randint(1, config.vocab_size, (b, t)), slots)
             model.cache.lens[:b] = ctx
 
         times = {name: [] for name, _ in paths}
@@ -150,7 +154,7 @@ def main() -> int:
         model.compiled = compiled
         must = int(ctx.sum()) * kv_bytes_token
         padded = b * int(ctx.max()) * kv_bytes_token
-        entry = {"rows": b, "context_mean": float(ctx.float().mean()),
+        entry = {"rows": b, "tokens": t, "context_mean": float(ctx.float().mean()),
                  "context_max": int(ctx.max()), "kv_mb_needed": must / 1e6,
                  "kv_mb_read": padded / 1e6}  # fmt: skip
         for name, ts in times.items():
@@ -168,9 +172,10 @@ def write(r: dict, args) -> None:
         json.dump(r, f, indent=1)
     p = r["prefill"]
     lines = [
-        "# Where a busy server's time goes: prefill and the batched decode step",
+        "# Where a busy server's time goes: prefill and the batched decode and verify steps",
         "",
-        f"`python bench/batched_step.py --rows {args.rows} --prompt {args.prompt} --reps "
+        f"`python bench/batched_step.py --rows {args.rows} --tokens {args.tokens} --prompt "
+        f"{args.prompt} --reps "
         f"{args.reps} --threads {args.threads}`: the embedded target in float32, torch "
         f"{r['torch']}, {r['threads']} thread(s). Streaming read bandwidth of one thread (a sum "
         f"over 256 MiB): **{r['stream_gbs']:.1f} GB/s**.",
@@ -182,30 +187,43 @@ def write(r: dict, args) -> None:
         f"| {p['tokens']} | {p['ms']:.1f} | {p['tokens_per_s']:.0f} | {p['gflops']:.1f} | "
         f"{p['matmul_ceiling_gflops']:.1f} GFLOP/s |",
         "",
-        "## The batched decode step (one new token a row): eager, compiled with the graph's "
-        "own attention, compiled with the cached-attention kernel",
+        "## The batched decode and verify steps: eager, compiled with the graph's own "
+        "attention, compiled with the cached-attention kernel",
         "",
-        "Each row's cached context is a bench prompt's length plus 32 (the categories in turn). "
+        "Each row's cached context is a bench prompt's length plus 32 (the categories in turn); "
+        "tokens: new tokens a row (1: a decode step, k + 1: the verify step of a k-token chain). "
         "KV needed: the keys and values of each row's own context, every layer; padded: every "
         "row padded to the longest, what one attention call over the batch streams (the eager "
         "step and the graph's own attention). The kernel (`models/attention_cpu.py`"
-        + ("" if r["kernel"] else "; not built on this machine, so 'compiled' is the graph's "
-           "attention here") + ") reads each row's own. GB/s: the needed bytes over the "
-        "compiled step's time, against the streaming bandwidth above.",
+        + (
+            ""
+            if r["kernel"]
+            else "; not built on this machine, so 'compiled' is the graph's attention here"
+        )
+        + ") reads each row's own: a decode step streams it once, a verify "
+        "step's queries share one matrix product per key/value head. GB/s: the needed bytes "
+        "over the kernel step's time, against the streaming bandwidth above; x 1 token: the "
+        "step against the one-token step of as many rows on the same path.",
         "",
-        "| rows | context mean / max | KV needed / padded MB | eager ms | compiled, graph "
-        "attention ms | compiled, kernel ms | eager / kernel | graph / kernel | kernel "
-        "tokens/s | kernel GB/s (share of bandwidth) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| rows | tokens | context mean / max | KV needed / padded MB | eager ms | compiled, "
+        "graph attention ms | compiled, kernel ms | eager / kernel | graph / kernel | "
+        "graph x 1 token | kernel x 1 token | kernel GB/s (share of bandwidth) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    one = {e["rows"]: e for e in r["decode"] if e.get("tokens", 1) == 1}
     for e in r["decode"]:
         eg, gr, cp = e["eager"], e["graph attention"], e["compiled"]
+        base = one.get(e["rows"])
+
+        def rel(name, e=e, base=base):
+            return f"{e[name]['ms'] / base[name]['ms']:.2f}x" if base else "-"
+
         lines.append(
-            f"| {e['rows']} | {e['context_mean']:.0f} / {e['context_max']} | "
-            f"{e['kv_mb_needed']:.1f} / {e['kv_mb_read']:.1f} | {eg['ms']:.2f} | {gr['ms']:.2f} | "
-            f"{cp['ms']:.2f} | {eg['ms'] / cp['ms']:.2f}x | {gr['ms'] / cp['ms']:.2f}x | "
-            f"{cp['tokens_per_s']:.0f} | {cp['needed_gbs']:.1f} "
-            f"({cp['needed_gbs'] / r['stream_gbs']:.0%}) |"
+            f"| {e['rows']} | {e.get('tokens', 1)} | {e['context_mean']:.0f} / "
+            f"{e['context_max']} | {e['kv_mb_needed']:.1f} / {e['kv_mb_read']:.1f} | "
+            f"{eg['ms']:.2f} | {gr['ms']:.2f} | {cp['ms']:.2f} | {eg['ms'] / cp['ms']:.2f}x | "
+            f"{gr['ms'] / cp['ms']:.2f}x | {rel('graph attention')} | {rel('compiled')} | "
+            f"{cp['needed_gbs']:.1f} ({cp['needed_gbs'] / r['stream_gbs']:.0%}) |"
         )
     lines += ["", "![batched step](batched_step.png)", ""]
     with open(args.out + ".md", "w") as f:
@@ -215,14 +233,19 @@ def write(r: dict, args) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    xs = [e["rows"] for e in r["decode"]]
-    for name in ("eager", "graph attention", "compiled"):
-        ax.plot(xs, [e[name]["ms"] for e in r["decode"]], marker="o", label=name)
-    ax.set_xlabel("rows (one new token each, bench prompt contexts)")
-    ax.set_ylabel("decode step, ms")
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for t in sorted({e.get("tokens", 1) for e in r["decode"]}):
+        es = [e for e in r["decode"] if e.get("tokens", 1) == t]
+        xs = [e["rows"] for e in es]
+        for name, style in (("graph attention", "--"), ("compiled", "-")):
+            label = "kernel" if name == "compiled" else name
+            ax.plot(xs, [e[name]["ms"] for e in es], style, marker="o",
+                    label=f"{label}, {t} token(s) a row")  # fmt: skip
+    ax.set_xlabel("rows (bench prompt contexts)")
+    ax.set_ylabel("step, ms (compiled)")
     ax.set_xscale("log", base=2)
-    ax.legend()
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(args.out + ".png", dpi=110)

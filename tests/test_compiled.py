@@ -18,6 +18,7 @@ CASES = {  # rows' slots, new tokens a row, forward's keywords
     "ragged verify": ([1, 2, 3], 4, {}),
     "slots with a hole": ([3, 5], 3, {}),
     "scattered decode": ([5, 0, 3], 1, {}),  # the kernel's: any slots, any order
+    "scattered verify": ([4, 1, 3], 3, {}),  # ... its matrix-product path (3 queries a head)
     "tree": ([0, 1], 4, dict(tree_mask=TREE.expand(2, 4, 4).clone(),
                              position_offsets=torch.tensor([[0, 1, 1, 2]] * 2))),
     "logits at": ([0, 1], 3, dict(logits_at=torch.tensor([2, 1]))),
@@ -105,21 +106,24 @@ def test_cost_model_profiles_the_compiled_path(compiled_decoder):
     before = graphs()
     calls = []
     compiled = compiled_decoder.target.compiled
-    real = compiled._fn
-    compiled._fn = lambda *a: calls.append(1) or real(*a)
+    name = "_fn_kernel" if compiled.kernel else "_fn"  # the graph every step runs through
+    real = getattr(compiled, name)
+    setattr(compiled, name, lambda *a: calls.append(1) or real(*a))
     try:
         compiled_decoder.engine.scheduler.ensure_cost_model()
     finally:
-        compiled._fn = real
+        setattr(compiled, name, real)
     assert calls and graphs() == before
 
 
 @pytest.mark.parametrize("rows,tokens,heads,kv_heads", [(1, 1, 2, 2), (3, 1, 4, 2), (5, 1, 8, 1),
-                                                        (2, 6, 4, 2)])  # fmt: skip
+                                                        (2, 6, 4, 2), (4, 2, 2, 2),
+                                                        (3, 17, 2, 2)])  # fmt: skip
 def test_cached_attention_kernel_equals_plain_attention(rows, tokens, heads, kv_heads):
     """The C++ kernel (models/attention_cpu.py) against the same attention in PyTorch: rows
     in scattered slots, cached lengths from 0 up (past a block boundary), grouped heads, a
-    tree mask over the new tokens."""
+    tree mask over the new tokens; both of its paths (one or two queries a key/value head
+    stream the cache; three or more go through matrix products)."""
     from leapdecode.models import attention_cpu
 
     if not attention_cpu.available():

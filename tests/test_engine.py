@@ -331,12 +331,13 @@ def test_auto_keeps_short_and_long_matches_apart(decoder):
 
 def test_prefill_groups_prompts_of_like_length():
     """Admitted prompts are prefilled in groups whose padding stays within PREFILL_PADDING of
-    their real tokens: a long prompt does not pad a batch of short ones to its length."""
+    their real tokens (a long prompt does not pad a batch of short ones to its length) and
+    whose rows stay within PREFILL_TOKENS."""
     from leapdecode.engine.engine import PREFILL_PAD_ROWS, PREFILL_PADDING, length_groups
 
     lengths = [400, 40, 380, 48, 200]
     groups = length_groups(lengths)
-    assert groups == [[0, 2, 4], [3, 1]]
+    assert groups == [[0, 2], [4], [3, 1]]  # [400, 380, 200] would be 1200 rows: over budget
     assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
     for g in groups:
         longest, real = max(lengths[i] for i in g), sum(lengths[i] for i in g)
@@ -345,6 +346,8 @@ def test_prefill_groups_prompts_of_like_length():
     assert length_groups([400, 40]) == [[0], [1]]
     assert length_groups([7]) == [[0]] and length_groups([]) == []
     assert length_groups([30] * 16) == [list(range(16))]  # equal prompts: one forward
+    assert length_groups([300] * 5) == [[0, 1, 2], [3, 4]]  # at most PREFILL_TOKENS rows
+    assert length_groups([2000, 1500]) == [[0], [1]]  # a long prompt alone, whatever it holds
 
 
 @pytest.mark.parametrize("batches,draft", [((1,), (0.5,)), ((1, 2, 4, 8, 16), (1, 1.2, 1.5, 2.5, 4)),

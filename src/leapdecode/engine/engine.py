@@ -46,21 +46,27 @@ from .scheduler import Scheduler
 
 PREFILL_PADDING = 0.25  # a prefill forward's padding may be at most this share of its real tokens
 PREFILL_PAD_ROWS = 64  # ... or this many rows (cheaper than another forward's fixed cost)
+PREFILL_TOKENS = 1024  # a prefill forward of several prompts holds at most this many rows
 
 
 def length_groups(lengths: list[int], slack: float = PREFILL_PADDING,
-                  pad_rows: int = PREFILL_PAD_ROWS) -> list[list[int]]:  # fmt: skip
+                  pad_rows: int = PREFILL_PAD_ROWS,
+                  budget: int = PREFILL_TOKENS) -> list[list[int]]:  # fmt: skip
     """Indices of `lengths` in groups to prefill together: longest first, a group grows while
     its padding (rows padded to its longest, less its real tokens) stays within slack x its
-    real tokens or pad_rows. One right-padded forward for every prompt admitted at once spent
-    a third of its rows on padding (C = 16: 33k rows for 22k prompt tokens), and a row of
-    padding costs what a real one does on a CPU."""
+    real tokens or pad_rows, and its rows (padding included) within budget. One right-padded
+    forward for every prompt admitted at once spent a third of its rows on padding (C = 16:
+    33k rows for 22k prompt tokens), and a row of padding costs what a real one does on a
+    CPU; and a forward's tokens/s falls past about a thousand rows (the embedded target, one
+    thread: 8 x 128 rows 8.4k tokens/s, 7 x 735 5.6k, one prompt of 735 6.0k), as its
+    activations outgrow the caches."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     groups: list[list[int]] = []
     for i in order:
         g = groups[-1] if groups else None
         real = sum(lengths[j] for j in g) + lengths[i] if g else 0
-        if g is not None and (len(g) + 1) * lengths[g[0]] - real <= max(slack * real, pad_rows):
+        rows = (len(g) + 1) * lengths[g[0]] if g else 0
+        if g is not None and rows - real <= max(slack * real, pad_rows) and rows <= budget:
             g.append(i)
         else:
             groups.append([i])

@@ -8,7 +8,7 @@ request is compute not spent on another, so it maximises the batch's goodput
                                 + draft_s(B_draft) * max k_draft + sum_m propose_s(m))
 
 (a step's drafts are padded to the longest, and every row attends over the batch's longest
-sequence, L), where E_i(k) = 1 + r_1 + r_1 r_2 + ... + r_1 ... r_k is the expected number of tokens
+sequence, L, or, where the target reads each row's own context, their mean), where E_i(k) = 1 + r_1 + r_1 r_2 + ... + r_1 ... r_k is the expected number of tokens
 sequence i emits with k drafts, r_j being its running estimate, for that method, of the
 chance that draft position j is accepted once positions 1..j-1 were (estimates by draft
 position: a copied span that matched four tokens tends to match the fifth, which one
@@ -77,9 +77,11 @@ def _bucket(method: str, offered: int, context: int = 0) -> int:
     return 0
 
 
-def _longest(seqs: list[Sequence]) -> int:
-    """The batch's longest sequence: every row of a verify forward attends up to it."""
-    return max(len(s.tokens) for s in seqs)
+def _context(seqs: list[Sequence], own: bool) -> int:
+    """The cached length that prices a step of these rows: their mean where the target reads
+    each row's own context (own), else the longest, which every row attends up to."""
+    lengths = [len(s.tokens) for s in seqs]
+    return round(sum(lengths) / len(lengths)) if own else max(lengths)
 
 
 @dataclass
@@ -162,6 +164,9 @@ class Scheduler:
             self.cost = CostModel.profile(e.target, e.draft, e.max_num_seqs)
         return self.cost
 
+    def _context(self, seqs: list[Sequence]) -> int:
+        return _context(seqs, self.engine.target.reads_own_context)
+
     def forget(self, seqs: list[Sequence]) -> None:
         ids = {s.id for s in seqs}
         for i in ids:
@@ -212,7 +217,7 @@ class Scheduler:
             steps = max((counts[i] for i in draft_rows), default=0)
             self.cost.observe(len(seqs), rows, verify_s, steps, len(draft_rows),
                               propose_s.get("draft", 0.0), self.catch_up,
-                              context=_longest(seqs))  # fmt: skip
+                              context=self._context(seqs))  # fmt: skip
             self.cost.observe_step({m: t for m, t in propose_s.items() if m != "draft"},
                                    overhead_s)  # fmt: skip
 
@@ -444,7 +449,7 @@ class Scheduler:
         propose = {m: self._eagle_s(cost, seqs, auto) if m == "eagle" else cost.propose_s(m)
                    for m in methods if m != "draft"}  # fmt: skip
         fixed_propose = sum(propose.get(m, 0.0) for m in fixed_used)
-        verify = cost.verify_curve(n, n * (1 + max(top, fixed_k)), _longest(seqs))  # [rows + 1]
+        verify = cost.verify_curve(n, n * (1 + max(top, fixed_k)), self._context(seqs))  # [rows + 1]
         draft_fwd = cost.draft_curve(fixed_dn, fixed_dn + a)  # [A + 1]
         # a row's draft catch-up is paid once and then serves the row's later draft steps:
         # spread over those it is expected to take (DRAFT_SHARE_PRIOR above)

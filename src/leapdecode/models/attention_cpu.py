@@ -5,9 +5,16 @@ A batched decode step is bound by streaming the cached keys and values (docs/bat
 one attention call over a batch pads every row to the longest, so 16 serve rows of mean
 context 370 and longest 826 read 216 MB where 97 MB are theirs, and the fused loop inductor
 makes of it streams about a third of the machine's bandwidth. This kernel walks each row's
-cache slot up to its own length, in blocks of positions that stay in L1 while every query of
-the row uses them, with an online softmax (one pass over the keys and values), then the step's
-own new tokens under their mask (causal, or a draft tree's).
+cache slot up to its own length, then the step's own new tokens under their mask (causal, or
+a draft tree's), in one of two ways by how many queries share a key/value head:
+
+- one or two (a decode step): the past in blocks of positions that stay in L1, dot products
+  and an online softmax, one pass over the keys and values;
+- three or more (a verify or tree step; grouped heads): the past's scores and values as two
+  matrix products on the cache in place, through the BLAS torch links (`sgemm_`). A product
+  per query (the first way) paid one reduction per key and query: 16 rows x 3 tokens cost
+  4.5x a decode step; padded to the longest row, the graph's own attention read 2.2x the
+  bytes a batch of serve rows needs.
 
     leapdecode::cached_attention(q [B, T, H, D], k_cache, v_cache [slots, H_kv, L, D],
         slots [B], lens [B], new_k, new_v [B, T, H_kv, D], new_bias [B, T, T], scale)
@@ -35,6 +42,9 @@ _SOURCE = r"""
 namespace {
 
 constexpr int64_t BLOCK = 32;  // cached positions per block (keys and values stay in L1)
+// queries per key/value head from which the past goes through matrix products (gemm_head);
+// fewer (a decode step) stream the cache once through the dot-product loop below
+constexpr int64_t GEMM_ROWS = 3;
 
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
   float s = 0.f;
@@ -51,6 +61,71 @@ inline void axpy(float* __restrict y, float a, const float* __restrict x, int64_
 inline void scale_vec(float* __restrict y, float a, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] *= a;
+}
+
+// The BLAS torch links (MKL on x86, OpenBLAS elsewhere), called directly: at::mm_out on
+// views of the cache cost more in dispatch than the product itself at these sizes.
+extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n,
+                       const int* k, const float* alpha, const float* a, const int* lda,
+                       const float* b, const int* ldb, const float* beta, float* c,
+                       const int* ldc);
+
+inline void blas_gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                      float* c, int64_t ldc) {
+  const int m_ = m, n_ = n, k_ = k, lda_ = lda, ldb_ = ldb, ldc_ = ldc;
+  sgemm_(&ta, &tb, &m_, &n_, &k_, &alpha, a, &lda_, b, &ldb_, &beta, c, &ldc_);
+}
+
+// A key/value head with `rows` queries (T new tokens x `group` query heads, row t * group + j):
+// the scores over the cached past as one matrix product [rows, D] x [D, len], a softmax that
+// also takes the step's own tokens (new_k, new_v rows of stride `new_stride`, under `bias`
+// [T, T]), and the past's values as a second product [rows, len] x [len, D]. The products go
+// to BLAS on the cache in place (no copies). out: [rows, D].
+void gemm_head(const std::vector<const float*>& qp, int64_t rows, int64_t D, float sc,
+               const float* K, int64_t k_stride, const float* V, int64_t v_stride,
+               int64_t len, const float* NK, const float* NV, int64_t new_stride,
+               const float* bias, int64_t T, int64_t group, std::vector<float>& scratch,
+               std::vector<float>& out) {
+  const float LOW = -1e30f, HIDDEN = -1e29f;
+  const int64_t width = len + T;  // a row's scores: the past, then the new tokens
+  scratch.resize(rows * (D + width));
+  out.resize(rows * D);
+  float* qb = scratch.data();  // [rows, D] the queries, scaled
+  float* sc_all = qb + rows * D;  // [rows, width]
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t d = 0; d < D; ++d) qb[r * D + d] = qp[r][d] * sc;
+  if (len > 0)  // scores^T [len, rows] = K [len, D] . Q^T (column-major BLAS)
+    blas_gemm('T', 'N', len, rows, D, 1.f, K, k_stride, qb, D, 0.f, sc_all, width);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = r / group;
+    float* sr = sc_all + r * width;
+    for (int64_t u = 0; u < T; ++u) {
+      const float b = bias[t * T + u];
+      sr[len + u] = b < HIDDEN ? LOW : dot(qb + r * D, NK + u * new_stride, D) + b;
+    }
+    float mx = LOW;
+    for (int64_t i = 0; i < width; ++i) mx = std::max(mx, sr[i]);
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < width; ++i) {
+      const float e = std::exp(sr[i] - mx);  // vectorised (libmvec); LOW -> 0
+      sr[i] = e;
+      sum += e;
+    }
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    scale_vec(sr, inv, width);
+  }
+  if (len > 0) {  // out^T [D, rows] = V^T [D, len] . P^T
+    blas_gemm('N', 'N', D, rows, len, 1.f, V, v_stride, sc_all, width, 0.f, out.data(), D);
+  } else {
+    std::fill(out.begin(), out.end(), 0.f);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* pr = sc_all + r * width + len;
+    for (int64_t u = 0; u < T; ++u)
+      if (pr[u] > 0.f) axpy(out.data() + r * D, pr[u], NV + u * new_stride, D);
+  }
 }
 
 at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k_cache,
@@ -90,17 +165,29 @@ at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k_cache,
     const int64_t rows = T * group;  // the queries that share one key/value head
     std::vector<float> m(rows), l(rows), acc(rows * D), s(rows * BLOCK);
     std::vector<const float*> qp(rows);
+    std::vector<float> scratch, out_rows;
     for (int64_t bg = begin; bg < end; ++bg) {
       const int64_t b = bg / Hkv, g = bg % Hkv;
       for (int64_t t = 0; t < T; ++t)
         for (int64_t j = 0; j < group; ++j)
           qp[t * group + j] = Q + ((b * T + t) * H + g * group + j) * D;
-      std::fill(m.begin(), m.end(), LOW);
-      std::fill(l.begin(), l.end(), 0.f);
-      std::fill(acc.begin(), acc.end(), 0.f);
       const float* K = KC + S[b] * ks0 + g * ks1;
       const float* V = VC + S[b] * vs0 + g * vs1;
+
+      if (rows >= GEMM_ROWS) {  // several queries: the past's scores and values as GEMMs
+        gemm_head(qp, rows, D, sc, K, ks2, V, vs2, LN[b], NK + (b * T * Hkv + g) * D,
+                  NV + (b * T * Hkv + g) * D, Hkv * D,
+                  BI + b * T * T, T, group, scratch, out_rows);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t j = 0; j < group; ++j)
+            std::copy_n(out_rows.data() + (t * group + j) * D, D,
+                        O + ((b * T + t) * H + g * group + j) * D);
+        continue;
+      }
+      std::fill(m.begin(), m.end(), LOW);
       const int64_t len = LN[b];
+      std::fill(l.begin(), l.end(), 0.f);
+      std::fill(acc.begin(), acc.end(), 0.f);
       // the cached past, block by block, every query of this head at once
       for (int64_t p0 = 0; p0 < len; p0 += BLOCK) {
         const int64_t n = std::min(BLOCK, len - p0);

@@ -52,6 +52,13 @@ class CausalLM(ABC):
     config: object  # the transformers config object
     head_ids: torch.Tensor | None = None  # [V_sub] token ids the logits cover (None: all)
 
+    @property
+    def reads_own_context(self) -> bool:
+        """Whether a batched step reads each row's own cached context (the CPU attention
+        kernel) rather than every row padded to the longest: what prices a step (the
+        scheduler's cost model takes the batch's mean length, else its longest)."""
+        return False
+
     def restrict_head(self, token_ids: torch.Tensor | None) -> None:
         """Compute logits only for `token_ids` (a draft's frequent-token head); None: all."""
         from ..errors import LeapDecodeError

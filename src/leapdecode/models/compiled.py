@@ -12,9 +12,11 @@ positions (an additive bias hides what a row has not cached), so its length neve
 values 0 or 1 that torch.compile specialises on. Rows, tokens and the past are dynamic sizes:
 four graphs (one row or more, one token or more) serve every decode, verify and tree step.
 
-What it covers: full-attention models (no sliding window), new tokens <= MAX_TOKENS a row,
-rows in a range of consecutive cache slots (holes between them run as dummy rows). Everything
-else (a long prompt, a sliding window, scattered slots) runs eager.
+On CPU in float32 the attention is the cached-attention kernel (attention_cpu.py): it reads
+each row's own context from any slots, so every step of up to MAX_TOKENS new tokens a row runs
+compiled. Without it (no compiler; CUDA; bfloat16) the graph's own attention reads a range of
+consecutive cache slots (holes between them run as dummy rows). Everything else (a long
+prompt, a sliding window, rows too scattered for the graph's attention) runs eager.
 """
 
 from __future__ import annotations
@@ -66,10 +68,10 @@ class CompiledForward:
         return 1 <= n_new <= MAX_TOKENS
 
     def uses_kernel(self, n_new: int) -> bool:
-        """Decode steps (one new token a row) attend through the kernel, which reads any
-        slots; steps of several tokens through the graph's own attention (the kernel's
-        per-query loop is slower there than the graph's matrix products)."""
-        return self.kernel and n_new == 1
+        """Every step attends through the kernel when it is built: it reads each row's own
+        context, from any slots (a decode step streams it once; a verify or tree step's
+        queries share one matrix product per key/value head)."""
+        return self.kernel
 
     def _stack(self, tokens, positions, attend):
         """The layers around an attention: attend(i, q, k, v) with q [B, T, H, D] and the new

@@ -131,6 +131,10 @@ class NativeLlama(CausalLM):
         return self.compiled.warm_up(max_rows) if warm_up else 0.0
 
     # ----------------------------------------------------------------- weights
+    @property
+    def reads_own_context(self) -> bool:
+        return self.compiled is not None and self.compiled.kernel
+
     def _load(self, state: dict[str, torch.Tensor], config) -> None:
         def take(name: str, required: bool = True) -> torch.Tensor | None:
             t = state.pop(name, None)
