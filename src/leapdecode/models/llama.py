@@ -299,7 +299,7 @@ class NativeLlama(CausalLM):
         width = hi - lo + 1
         if len(set(slots_cpu.tolist())) != batch:
             return None
-        kernel = compiled.uses_kernel(n_new)
+        kernel = compiled.uses_kernel(batch, n_new)
         if not kernel and width > max(2 * batch, batch + 1):
             return None
         consecutive = torch.equal(slots_cpu, torch.arange(lo, lo + batch))
