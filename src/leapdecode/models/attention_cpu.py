@@ -45,6 +45,10 @@ constexpr int64_t BLOCK = 32;  // cached positions per block (keys and values st
 // queries per key/value head from which the past goes through matrix products (gemm_head);
 // fewer (a decode step) stream the cache once through the dot-product loop below
 constexpr int64_t GEMM_ROWS = 3;
+// built with -ffast-math (vectorised exp): no infinities in the arithmetic, LOW stands in
+// for -inf as a running maximum's start and a hidden token's score; a bias below HIDDEN (its
+// -inf) hides a token
+constexpr float LOW = -1e30f, HIDDEN = -1e29f;
 
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
   float s = 0.f;
@@ -87,7 +91,6 @@ void gemm_head(const std::vector<const float*>& qp, int64_t rows, int64_t D, flo
                int64_t len, const float* NK, const float* NV, int64_t new_stride,
                const float* bias, int64_t T, int64_t group, std::vector<float>& scratch,
                std::vector<float>& out) {
-  const float LOW = -1e30f, HIDDEN = -1e29f;
   const int64_t width = len + T;  // a row's scores: the past, then the new tokens
   scratch.resize(rows * (D + width));
   out.resize(rows * D);
@@ -157,9 +160,6 @@ at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k_cache,
   const int64_t* LN = ln.data_ptr<int64_t>();
   float* O = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
-  // built with -ffast-math (vectorised exp): no infinities in the arithmetic, LOW stands in
-  // for -inf as the running maximum's start; a bias below HIDDEN (its -inf) hides a token
-  const float LOW = -1e30f, HIDDEN = -1e29f;
 
   at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
     const int64_t rows = T * group;  // the queries that share one key/value head
@@ -173,7 +173,6 @@ at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k_cache,
           qp[t * group + j] = Q + ((b * T + t) * H + g * group + j) * D;
       const float* K = KC + S[b] * ks0 + g * ks1;
       const float* V = VC + S[b] * vs0 + g * vs1;
-
       if (rows >= GEMM_ROWS) {  // several queries: the past's scores and values as GEMMs
         gemm_head(qp, rows, D, sc, K, ks2, V, vs2, LN[b], NK + (b * T * Hkv + g) * D,
                   NV + (b * T * Hkv + g) * D, Hkv * D,
@@ -184,8 +183,8 @@ at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k_cache,
                         O + ((b * T + t) * H + g * group + j) * D);
         continue;
       }
-      std::fill(m.begin(), m.end(), LOW);
       const int64_t len = LN[b];
+      std::fill(m.begin(), m.end(), LOW);
       std::fill(l.begin(), l.end(), 0.f);
       std::fill(acc.begin(), acc.end(), 0.f);
       // the cached past, block by block, every query of this head at once
