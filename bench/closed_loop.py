@@ -9,6 +9,9 @@ chose (with k > 0), then the median throughput per configuration.
 
     python bench/closed_loop.py --concurrency 4 --requests 16 --rounds 3 \\
         --configs suffix16,ngram8,auto,auto-no-draft
+
+A configuration named NAME-padded runs NAME with every chain verify step padded to its
+longest row, as before the target packed rows (`CausalLM.packs_rows`).
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--requests", type=int, default=16, help="requests per run")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--configs", default="suffix16,ngram8,auto", help=",".join(CONFIGS))
+    ap.add_argument("--configs", default="suffix16,ngram8,auto",
+                    help=",".join(CONFIGS) + " (each also as NAME-padded)")  # fmt: skip
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--compile", action="store_true", help="the compiled forward (--compile)")
     args = ap.parse_args()
@@ -65,6 +69,7 @@ def main() -> None:
     rows = [r for group in zip(*sets.values(), strict=False) for r in group]
     steps: list[dict] = []
     bucket = scheduler._bucket
+    packs_rows = type(eng.target).packs_rows
     plan, decode, prefill = eng.scheduler.plan, eng._decode, eng._prefill
 
     def timed_plan(seqs):
@@ -93,7 +98,10 @@ def main() -> None:
     eng.scheduler.plan, eng._decode, eng._prefill = timed_plan, timed_decode, timed_prefill
 
     def run(label: str, start: int) -> dict:
-        spec = SpecConfig(**CONFIGS[label])
+        # NAME-padded: NAME with every chain step padded to its longest row (packs_rows off)
+        padded = label.endswith("-padded")
+        type(eng.target).packs_rows = property(lambda m: False) if padded else packs_rows
+        spec = SpecConfig(**CONFIGS[label.removesuffix("-padded")])
         # auto-flat: every draft scored with, and learning into, one bucket of its own
         scheduler._bucket = (lambda *a: 100) if label == "auto-flat" else bucket
         todo, active = iter(range(args.requests)), []

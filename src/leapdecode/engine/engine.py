@@ -337,8 +337,8 @@ class Engine:
         inputs = torch.cat([last, drafts.tokens], dim=1)  # [B, k+1]
         cached = self.target.lengths(slots)  # [B]
         spans = drafts.counts.tolist()  # the longest run a row can accept
-        if drafts.parents is None:
-            logits, outs = self._forward(inputs, slots, want)  # [B, k+1, V]
+        if drafts.parents is None:  # a backend that packs rows skips each row's padding
+            logits, outs = self._forward(inputs, slots, want, counts=1 + drafts.counts)
         else:
             mask = ancestor_mask(drafts.parents, drafts.counts)  # [B, k+1, k+1]
             depth = depths(mask)  # [B, k+1]
@@ -376,8 +376,9 @@ class Engine:
                                             for i in range(len(seqs))])  # fmt: skip
         t3 = time.perf_counter()
         overhead_s = (t3 - t0) - (t2 - t1) - sum(propose_s.values())  # planning, verifying
+        packed = drafts.parents is None and self.target.packs_rows
         self.scheduler.observe(seqs, plan, counts, n_accepted, propose_s, t2 - t1, spans,
-                               overhead_s)  # fmt: skip
+                               overhead_s, packed)  # fmt: skip
         for s in seqs:
             s.stats.propose_s += t1 - t0
             s.stats.verify_s += t2 - t1

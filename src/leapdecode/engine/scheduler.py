@@ -42,6 +42,9 @@ PRIOR = {"draft": 0.6, "ngram": 0.5, "suffix": 0.5, "medusa": 0.5, "eagle": 0.6}
 AUTO_METHODS = AUTO_CHOICES
 DRAFT = AUTO_METHODS.index("draft")
 HEADS = (AUTO_METHODS.index("medusa"), AUTO_METHODS.index("eagle"))
+CHAINS = ("ngram", "suffix", "draft")  # methods whose drafts are chains (auto's; fixed rows')
+# the prices of a draft token (in emitted tokens) whose plans `_packed` scores
+PRICES = np.concatenate([[0.0], np.geomspace(0.02, 1.0, 23)])
 HEAD_TREE = 4  # auto's medusa / eagle tree: this many times the request's k nodes (<= 64)
 # auto's n-gram / suffix drafts: up to this many times k, and at least FREE_MIN tokens; they
 # cost nothing to make, and the goodput choice prices each verified row
@@ -197,13 +200,15 @@ class Scheduler:
         return self.estimates[key]
 
     def observe(self, seqs, plan, counts, n_accepted, propose_s: dict[str, float],
-                verify_s: float, spans=None, overhead_s: float = 0.0) -> None:  # fmt: skip
+                verify_s: float, spans=None, overhead_s: float = 0.0,
+                packed: bool = False) -> None:  # fmt: skip
         """counts: draft tokens (tree nodes) verified per row; spans: the longest run each row
         could accept (a tree's depth; a chain's length, the default); propose_s: each
         method's propose time this step; overhead_s: the step's time outside the forwards
         and proposals."""
         spans = counts if spans is None else spans
-        rows = len(seqs) * (1 + max(counts, default=0))  # drafts are padded to the longest
+        # the forward's rows: drafts padded to the longest, or each row's own (packed)
+        rows = len(seqs) + sum(counts) if packed else len(seqs) * (1 + max(counts, default=0))
         draft_rows = [i for i, (m, _) in enumerate(plan) if m == "draft" and counts[i]]
         for i, (method, _) in enumerate(plan):
             if spans[i] and method in PRIOR:
@@ -401,12 +406,13 @@ class Scheduler:
             plan[0] = self._auto_alone(seqs[0], self._options(seqs[0]), cost)
             return
         n = len(seqs)
-        fixed_tokens, fixed_k, fixed_dk, fixed_dn = float(n), 0, 0, 0
+        fixed_tokens, fixed_k, fixed_dk, fixed_dn, fixed_rows = float(n), 0, 0, 0, n
         fixed_used: set[str] = set()
         for i, p in enumerate(plan):
             if p is None or p[1] == 0:
                 continue
             fixed_k = max(fixed_k, p[1])
+            fixed_rows += p[1]  # the step's real tokens, where the target packs rows
             fixed_used.add(p[0])
             if p[0] in PRIOR:  # a head's tree is worth its depth, a chain its length
                 span = (
@@ -449,7 +455,9 @@ class Scheduler:
         propose = {m: self._eagle_s(cost, seqs, auto) if m == "eagle" else cost.propose_s(m)
                    for m in methods if m != "draft"}  # fmt: skip
         fixed_propose = sum(propose.get(m, 0.0) for m in fixed_used)
-        verify = cost.verify_curve(n, n * (1 + max(top, fixed_k)), self._context(seqs))  # [rows + 1]
+        verify = cost.verify_curve(
+            n, n * (1 + max(top, fixed_k)), self._context(seqs)
+        )  # [rows + 1]
         draft_fwd = cost.draft_curve(fixed_dn, fixed_dn + a)  # [A + 1]
         # a row's draft catch-up is paid once and then serves the row's later draft steps:
         # spread over those it is expected to take (DRAFT_SHARE_PRIOR above)
@@ -495,6 +503,49 @@ class Scheduler:
             di, ci = np.unravel_index(int(goodput.argmax()), goodput.shape)
             if goodput[di, ci] > best_g:
                 best_g, best_plan = float(goodput[di, ci]), (m[di, :, ci], k[di, :, ci])
+        chains_only = fixed_used <= set(CHAINS) and not any(s.spec.use_tree_spec for s in seqs)
+        if self.engine.target.packs_rows and n > 1 and chains_only and top:
+            packed = self._packed(gain, fixed_tokens, fixed_rows, kds, cost, verify,
+                                  draft_fwd, catch, propose, fixed_used, fixed_propose, fixed_dk)  # fmt: skip
+            if packed[0] > best_g:
+                best_g, best_plan = packed
         m, k = best_plan
         for j, i in enumerate(auto):
             plan[i] = (methods[int(m[j])], int(k[j])) if k[j] > 0 else ("none", 0)
+
+    def _packed(self, gain, fixed_tokens, fixed_rows, kds, cost, verify, draft_fwd, catch,
+                propose, fixed_used, fixed_propose, fixed_dk):  # fmt: skip
+        """The best chains-only plan where the target packs rows (`CausalLM.packs_rows`): the
+        verify forward then costs the step's real tokens, n + sum_i k_i, not the longest
+        row's count n times, so a row's drafts are priced one by one. For a price p (of a
+        draft token, in emitted tokens) each row takes the option maximising E(k) - 1 - p k:
+        its first k positions whose chance of being reached and accepted beats p (a chain's
+        r_1 ... r_j falls with j). Every price on a grid from 0 to 1 (and every draft-model
+        depth, as in the caps' search) is scored exactly; returns (goodput, (m, k))."""
+        methods = AUTO_METHODS
+        chain = gain.copy()  # [A, method, K+1]; heads' trees are not chains
+        chain[:, list(HEADS), 1:] = -np.inf
+        with np.errstate(invalid="ignore"):  # -inf - -inf past a row's most
+            marg = np.diff(chain, axis=2)  # [A, method, K] what each next draft adds
+        marg = np.where(np.isfinite(marg), marg, -np.inf)
+        k = (marg[None] > PRICES[:, None, None, None]).sum(-1)  # [P, A, method] its first k
+        ks = np.broadcast_to(k[None], (len(kds),) + k.shape).copy()  # [D, P, A, method]
+        ks[:, :, :, DRAFT] = np.minimum(k[None, :, :, DRAFT], kds[:, None, None])
+        g = np.take_along_axis(np.broadcast_to(chain, ks.shape[:2] + chain.shape),
+                               ks[..., None], -1)[..., 0]  # fmt: skip  # [D, P, A, method]
+        g[kds == 0, :, :, DRAFT] = -np.inf
+        m = (g - PRICES[None, :, None, None] * ks).argmax(-1)  # [D, P, A] each row's method
+        g = np.take_along_axis(g, m[..., None], -1)[..., 0]  # [D, P, A]
+        k = np.take_along_axis(ks, m[..., None], -1)[..., 0]
+        k = np.where(np.isfinite(g) & (g > 0), k, 0)
+        g = np.where(k > 0, g, 0.0)
+        drafting = (m == DRAFT) & (k > 0)  # [D, P, A]
+        dk = np.maximum(fixed_dk, np.where(drafting, k, 0).max(-1))  # [D, P]
+        c = (cost.overhead_s + fixed_propose + verify[fixed_rows + k.sum(-1)]
+             + dk * draft_fwd[drafting.sum(-1)] + (drafting * catch).sum(-1))  # fmt: skip
+        for name, t in propose.items():
+            if t and name not in fixed_used:
+                c = c + t * ((m == methods.index(name)) & (k > 0)).any(-1)
+        goodput = (fixed_tokens + g.sum(-1)) / c  # [D, P]
+        di, pi = np.unravel_index(int(goodput.argmax()), goodput.shape)
+        return float(goodput[di, pi]), (m[di, pi], k[di, pi])

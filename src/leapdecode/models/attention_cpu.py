@@ -19,6 +19,12 @@ a draft tree's), in one of two ways by how many queries share a key/value head:
     leapdecode::cached_attention(q [B, T, H, D], k_cache, v_cache [slots, H_kv, L, D],
         slots [B], lens [B], new_k, new_v [B, T, H_kv, D], new_bias [B, T, T], scale)
         -> [B, T, H, D]
+    leapdecode::cached_attention_ragged(q [N, H, D], k_cache, v_cache, slots [B], lens [B],
+        cu [B + 1], new_k, new_v [N, H_kv, D], scale) -> [N, H, D]
+
+The second is a chain verify step without padding: row b's new tokens are the packed
+q[cu[b] : cu[b + 1]], causal among themselves, so a row that drafted nothing costs one token
+of the step, not the longest row's count.
 
 It is built once with the compiler torch.compile already needs (cached under
 ~/.cache/leapdecode/extensions); where it cannot be built, the compiled forward keeps its own
@@ -27,6 +33,7 @@ attention and says so once.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 
@@ -81,21 +88,27 @@ inline void blas_gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float a
   sgemm_(&ta, &tb, &m_, &n_, &k_, &alpha, a, &lda_, b, &ldb_, &beta, c, &ldc_);
 }
 
+// Working memory of one thread, reused from head to head.
+struct Scratch {
+  std::vector<float> m, l, acc, s, scores, out;
+};
+
 // A key/value head with `rows` queries (T new tokens x `group` query heads, row t * group + j):
 // the scores over the cached past as one matrix product [rows, D] x [D, len], a softmax that
 // also takes the step's own tokens (new_k, new_v rows of stride `new_stride`, under `bias`
-// [T, T]), and the past's values as a second product [rows, len] x [len, D]. The products go
-// to BLAS on the cache in place (no copies). out: [rows, D].
-void gemm_head(const std::vector<const float*>& qp, int64_t rows, int64_t D, float sc,
-               const float* K, int64_t k_stride, const float* V, int64_t v_stride,
-               int64_t len, const float* NK, const float* NV, int64_t new_stride,
-               const float* bias, int64_t T, int64_t group, std::vector<float>& scratch,
-               std::vector<float>& out) {
+// [T, T] of row stride `bias_stride`), and the past's values as a second product
+// [rows, len] x [len, D]. The products go to BLAS on the cache in place (no copies).
+void gemm_head(const std::vector<const float*>& qp, const std::vector<float*>& op, int64_t rows,
+               int64_t D, float sc, const float* K, int64_t k_stride, const float* V,
+               int64_t v_stride, int64_t len, const float* NK, const float* NV,
+               int64_t new_stride, const float* bias, int64_t bias_stride, int64_t T,
+               int64_t group, Scratch& w) {
   const int64_t width = len + T;  // a row's scores: the past, then the new tokens
-  scratch.resize(rows * (D + width));
-  out.resize(rows * D);
-  float* qb = scratch.data();  // [rows, D] the queries, scaled
+  w.scores.resize(rows * (D + width));
+  w.out.resize(rows * D);
+  float* qb = w.scores.data();  // [rows, D] the queries, scaled
   float* sc_all = qb + rows * D;  // [rows, width]
+  float* out = w.out.data();
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t d = 0; d < D; ++d) qb[r * D + d] = qp[r][d] * sc;
   if (len > 0)  // scores^T [len, rows] = K [len, D] . Q^T (column-major BLAS)
@@ -104,7 +117,7 @@ void gemm_head(const std::vector<const float*>& qp, int64_t rows, int64_t D, flo
     const int64_t t = r / group;
     float* sr = sc_all + r * width;
     for (int64_t u = 0; u < T; ++u) {
-      const float b = bias[t * T + u];
+      const float b = bias[t * bias_stride + u];
       sr[len + u] = b < HIDDEN ? LOW : dot(qb + r * D, NK + u * new_stride, D) + b;
     }
     float mx = LOW;
@@ -120,24 +133,108 @@ void gemm_head(const std::vector<const float*>& qp, int64_t rows, int64_t D, flo
     scale_vec(sr, inv, width);
   }
   if (len > 0) {  // out^T [D, rows] = V^T [D, len] . P^T
-    blas_gemm('N', 'N', D, rows, len, 1.f, V, v_stride, sc_all, width, 0.f, out.data(), D);
+    blas_gemm('N', 'N', D, rows, len, 1.f, V, v_stride, sc_all, width, 0.f, out, D);
   } else {
-    std::fill(out.begin(), out.end(), 0.f);
+    std::fill(out, out + rows * D, 0.f);
   }
   for (int64_t r = 0; r < rows; ++r) {
     const float* pr = sc_all + r * width + len;
     for (int64_t u = 0; u < T; ++u)
-      if (pr[u] > 0.f) axpy(out.data() + r * D, pr[u], NV + u * new_stride, D);
+      if (pr[u] > 0.f) axpy(out + r * D, pr[u], NV + u * new_stride, D);
+    std::copy_n(out + r * D, D, op[r]);
   }
+}
+
+// The same with one or two queries (a decode step): the past in blocks of BLOCK positions,
+// dot products and an online softmax, one pass over the keys and values.
+void stream_head(const std::vector<const float*>& qp, const std::vector<float*>& op,
+                 int64_t rows, int64_t D, float sc, const float* K, int64_t ks, const float* V,
+                 int64_t vs, int64_t len, const float* NK, const float* NV, int64_t new_stride,
+                 const float* bias, int64_t bias_stride, int64_t T, int64_t group, Scratch& w) {
+  w.m.assign(rows, LOW);
+  w.l.assign(rows, 0.f);
+  w.acc.assign(rows * D, 0.f);
+  w.s.resize(rows * BLOCK);
+  float *m = w.m.data(), *l = w.l.data(), *acc = w.acc.data();
+  for (int64_t p0 = 0; p0 < len; p0 += BLOCK) {
+    const int64_t n = std::min(BLOCK, len - p0);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* sr = w.s.data() + r * BLOCK;
+      for (int64_t i = 0; i < n; ++i) sr[i] = dot(qp[r], K + (p0 + i) * ks, D) * sc;
+      float mx = m[r];
+      for (int64_t i = 0; i < n; ++i) mx = std::max(mx, sr[i]);
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) sr[i] = std::exp(sr[i] - mx);  // vectorised (libmvec)
+      float sum = 0.f;
+      for (int64_t i = 0; i < n; ++i) sum += sr[i];
+      const float corr = std::exp(m[r] - mx);  // 0 on the first block (m = LOW)
+      float* ar = acc + r * D;
+      scale_vec(ar, corr, D);
+      l[r] = l[r] * corr + sum;
+      m[r] = mx;
+      for (int64_t i = 0; i < n; ++i) axpy(ar, sr[i], V + (p0 + i) * vs, D);
+    }
+  }
+  // the step's own tokens, under the bias (0 where a query sees a token, -inf elsewhere)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* brow = bias + (r / group) * bias_stride;
+    float* ar = acc + r * D;
+    for (int64_t u = 0; u < T; ++u) {
+      if (brow[u] < HIDDEN) continue;
+      const float x = dot(qp[r], NK + u * new_stride, D) * sc + brow[u];
+      if (x > m[r]) {
+        const float corr = std::exp(m[r] - x);
+        scale_vec(ar, corr, D);
+        l[r] *= corr;
+        m[r] = x;
+      }
+      const float p = std::exp(x - m[r]);
+      l[r] += p;
+      axpy(ar, p, NV + u * new_stride, D);
+    }
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    for (int64_t d = 0; d < D; ++d) op[r][d] = ar[d] * inv;
+  }
+}
+
+// One row's key/value head g: T new tokens starting at flat token `first` of Q / O
+// ([tokens, H, D]) and of NK / NV ([tokens, H_kv, D]), over `len` cached positions.
+void row_head(const float* Q, float* O, const float* NK, const float* NV, int64_t first,
+              int64_t T, int64_t H, int64_t Hkv, int64_t g, int64_t D, float sc, const float* K,
+              int64_t ks, const float* V, int64_t vs, int64_t len, const float* bias,
+              int64_t bias_stride, std::vector<const float*>& qp, std::vector<float*>& op,
+              Scratch& w) {
+  const int64_t group = H / Hkv, rows = T * group;  // the queries that share this head
+  qp.resize(rows);
+  op.resize(rows);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < group; ++j) {
+      qp[t * group + j] = Q + ((first + t) * H + g * group + j) * D;
+      op[t * group + j] = O + ((first + t) * H + g * group + j) * D;
+    }
+  const float* nk = NK + (first * Hkv + g) * D;
+  const float* nv = NV + (first * Hkv + g) * D;
+  if (rows >= GEMM_ROWS)  // several queries: the past's scores and values as GEMMs
+    gemm_head(qp, op, rows, D, sc, K, ks, V, vs, len, nk, nv, Hkv * D, bias, bias_stride, T,
+              group, w);
+  else
+    stream_head(qp, op, rows, D, sc, K, ks, V, vs, len, nk, nv, Hkv * D, bias, bias_stride, T,
+                group, w);
+}
+
+void check_cache(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat,
+              "cached_attention: float32 only");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.stride(3) == 1 && v_cache.stride(3) == 1,
+              "cached_attention: cache rows");
 }
 
 at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const at::Tensor& slots,
                             const at::Tensor& lens, const at::Tensor& new_k,
                             const at::Tensor& new_v, const at::Tensor& new_bias, double scale) {
-  TORCH_CHECK(q.dim() == 4 && k_cache.dim() == 4 && new_k.dim() == 4, "cached_attention: shapes");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat,
-              "cached_attention: float32 only");
+  TORCH_CHECK(q.dim() == 4 && new_k.dim() == 4, "cached_attention: shapes");
+  check_cache(q, k_cache, v_cache);
   auto qc = q.contiguous();
   auto nk = new_k.contiguous();
   auto nv = new_v.contiguous();
@@ -145,96 +242,69 @@ at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k_cache,
   auto sl = slots.to(at::kLong).contiguous();
   auto ln = lens.to(at::kLong).contiguous();
   const int64_t B = qc.size(0), T = qc.size(1), H = qc.size(2), D = qc.size(3);
-  const int64_t Hkv = k_cache.size(1), group = H / Hkv;
-  TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "cached_attention: cache rows");
-  const int64_t ks0 = k_cache.stride(0), ks1 = k_cache.stride(1), ks2 = k_cache.stride(2);
-  const int64_t vs0 = v_cache.stride(0), vs1 = v_cache.stride(1), vs2 = v_cache.stride(2);
+  const int64_t Hkv = k_cache.size(1);
   auto out = at::empty_like(qc);
-  const float* Q = qc.data_ptr<float>();
-  const float* KC = k_cache.data_ptr<float>();
-  const float* VC = v_cache.data_ptr<float>();
-  const float* NK = nk.data_ptr<float>();
-  const float* NV = nv.data_ptr<float>();
-  const float* BI = bias.data_ptr<float>();
-  const int64_t* S = sl.data_ptr<int64_t>();
-  const int64_t* LN = ln.data_ptr<int64_t>();
+  const float *Q = qc.data_ptr<float>(), *KC = k_cache.data_ptr<float>();
+  const float *VC = v_cache.data_ptr<float>(), *BI = bias.data_ptr<float>();
+  const float *NK = nk.data_ptr<float>(), *NV = nv.data_ptr<float>();
+  const int64_t *S = sl.data_ptr<int64_t>(), *LN = ln.data_ptr<int64_t>();
   float* O = out.data_ptr<float>();
-  const float sc = static_cast<float>(scale);
-
   at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
-    const int64_t rows = T * group;  // the queries that share one key/value head
-    std::vector<float> m(rows), l(rows), acc(rows * D), s(rows * BLOCK);
-    std::vector<const float*> qp(rows);
-    std::vector<float> scratch, out_rows;
+    Scratch w;
+    std::vector<const float*> qp;
+    std::vector<float*> op;
     for (int64_t bg = begin; bg < end; ++bg) {
       const int64_t b = bg / Hkv, g = bg % Hkv;
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t j = 0; j < group; ++j)
-          qp[t * group + j] = Q + ((b * T + t) * H + g * group + j) * D;
-      const float* K = KC + S[b] * ks0 + g * ks1;
-      const float* V = VC + S[b] * vs0 + g * vs1;
-      if (rows >= GEMM_ROWS) {  // several queries: the past's scores and values as GEMMs
-        gemm_head(qp, rows, D, sc, K, ks2, V, vs2, LN[b], NK + (b * T * Hkv + g) * D,
-                  NV + (b * T * Hkv + g) * D, Hkv * D,
-                  BI + b * T * T, T, group, scratch, out_rows);
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t j = 0; j < group; ++j)
-            std::copy_n(out_rows.data() + (t * group + j) * D, D,
-                        O + ((b * T + t) * H + g * group + j) * D);
-        continue;
-      }
-      const int64_t len = LN[b];
-      std::fill(m.begin(), m.end(), LOW);
-      std::fill(l.begin(), l.end(), 0.f);
-      std::fill(acc.begin(), acc.end(), 0.f);
-      // the cached past, block by block, every query of this head at once
-      for (int64_t p0 = 0; p0 < len; p0 += BLOCK) {
-        const int64_t n = std::min(BLOCK, len - p0);
-        for (int64_t r = 0; r < rows; ++r) {
-          float* sr = s.data() + r * BLOCK;
-          for (int64_t i = 0; i < n; ++i) sr[i] = dot(qp[r], K + (p0 + i) * ks2, D) * sc;
-          float mx = m[r];
-          for (int64_t i = 0; i < n; ++i) mx = std::max(mx, sr[i]);
-#pragma omp simd
-          for (int64_t i = 0; i < n; ++i) sr[i] = std::exp(sr[i] - mx);  // vectorised (libmvec)
-          float sum = 0.f;
-          for (int64_t i = 0; i < n; ++i) sum += sr[i];
-          const float corr = std::exp(m[r] - mx);  // 0 on the first block (m = LOW)
-          float* ar = acc.data() + r * D;
-          scale_vec(ar, corr, D);
-          l[r] = l[r] * corr + sum;
-          m[r] = mx;
-          for (int64_t i = 0; i < n; ++i) axpy(ar, sr[i], V + (p0 + i) * vs2, D);
-        }
-      }
-      // the step's own tokens, under new_bias (0 where a query sees a token, -inf elsewhere)
-      for (int64_t t = 0; t < T; ++t) {
-        const float* brow = BI + (b * T + t) * T;
-        for (int64_t jq = 0; jq < group; ++jq) {
-          const int64_t r = t * group + jq;
-          float* ar = acc.data() + r * D;
-          for (int64_t u = 0; u < T; ++u) {
-            if (brow[u] < HIDDEN) continue;
-            const float x = dot(qp[r], NK + ((b * T + u) * Hkv + g) * D, D) * sc + brow[u];
-            if (x > m[r]) {
-              const float corr = std::exp(m[r] - x);
-              scale_vec(ar, corr, D);
-              l[r] *= corr;
-              m[r] = x;
-            }
-            const float p = std::exp(x - m[r]);
-            l[r] += p;
-            axpy(ar, p, NV + ((b * T + u) * Hkv + g) * D, D);
-          }
-        }
-      }
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t j = 0; j < group; ++j) {
-          const int64_t r = t * group + j;
-          float* o = O + ((b * T + t) * H + g * group + j) * D;
-          const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-          for (int64_t d = 0; d < D; ++d) o[d] = acc[r * D + d] * inv;
-        }
+      row_head(Q, O, NK, NV, b * T, T, H, Hkv, g, D, static_cast<float>(scale),
+               KC + S[b] * k_cache.stride(0) + g * k_cache.stride(1), k_cache.stride(2),
+               VC + S[b] * v_cache.stride(0) + g * v_cache.stride(1), v_cache.stride(2), LN[b],
+               BI + b * T * T, T, qp, op, w);
+    }
+  });
+  return out;
+}
+
+// Rows of different lengths, packed: row b's new tokens are q[cu[b] : cu[b + 1]], causal
+// among themselves after the row's cached past (a chain's verify step, without padding).
+at::Tensor cached_attention_ragged(const at::Tensor& q, const at::Tensor& k_cache,
+                                   const at::Tensor& v_cache, const at::Tensor& slots,
+                                   const at::Tensor& lens, const at::Tensor& cu,
+                                   const at::Tensor& new_k, const at::Tensor& new_v,
+                                   double scale) {
+  TORCH_CHECK(q.dim() == 3 && new_k.dim() == 3, "cached_attention_ragged: shapes");
+  check_cache(q, k_cache, v_cache);
+  auto qc = q.contiguous();
+  auto nk = new_k.contiguous();
+  auto nv = new_v.contiguous();
+  auto sl = slots.to(at::kLong).contiguous();
+  auto ln = lens.to(at::kLong).contiguous();
+  auto cc = cu.to(at::kLong).contiguous();
+  const int64_t B = sl.size(0), H = qc.size(1), D = qc.size(2), Hkv = k_cache.size(1);
+  TORCH_CHECK(cc.size(0) == B + 1, "cached_attention_ragged: cu has one more entry than slots");
+  const int64_t *S = sl.data_ptr<int64_t>(), *LN = ln.data_ptr<int64_t>();
+  const int64_t* CU = cc.data_ptr<int64_t>();
+  int64_t longest = 0;
+  for (int64_t b = 0; b < B; ++b) longest = std::max(longest, CU[b + 1] - CU[b]);
+  TORCH_CHECK(CU[B] == qc.size(0), "cached_attention_ragged: cu[-1] is not the token count");
+  std::vector<float> causal(longest * longest, 0.f);  // [T, T] 0 at or below the diagonal
+  for (int64_t t = 0; t < longest; ++t)
+    for (int64_t u = t + 1; u < longest; ++u) causal[t * longest + u] = LOW;
+  auto out = at::empty_like(qc);
+  const float *Q = qc.data_ptr<float>(), *KC = k_cache.data_ptr<float>();
+  const float* VC = v_cache.data_ptr<float>();
+  const float *NK = nk.data_ptr<float>(), *NV = nv.data_ptr<float>();
+  float* O = out.data_ptr<float>();
+  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+    Scratch w;
+    std::vector<const float*> qp;
+    std::vector<float*> op;
+    for (int64_t bg = begin; bg < end; ++bg) {
+      const int64_t b = bg / Hkv, g = bg % Hkv;
+      if (CU[b + 1] == CU[b]) continue;
+      row_head(Q, O, NK, NV, CU[b], CU[b + 1] - CU[b], H, Hkv, g, D, static_cast<float>(scale),
+               KC + S[b] * k_cache.stride(0) + g * k_cache.stride(1), k_cache.stride(2),
+               VC + S[b] * v_cache.stride(0) + g * v_cache.stride(1), v_cache.stride(2), LN[b],
+               causal.data(), longest, qp, op, w);
     }
   });
   return out;
@@ -245,10 +315,13 @@ at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k_cache,
 TORCH_LIBRARY(leapdecode, m) {
   m.def("cached_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor lens, "
         "Tensor new_k, Tensor new_v, Tensor new_bias, float scale) -> Tensor");
+  m.def("cached_attention_ragged(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, "
+        "Tensor lens, Tensor cu, Tensor new_k, Tensor new_v, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(leapdecode, CPU, m) {
   m.impl("cached_attention", &cached_attention);
+  m.impl("cached_attention_ragged", &cached_attention_ragged);
 }
 """
 
@@ -265,12 +338,18 @@ def available() -> bool:
         from torch.utils.cpp_extension import load_inline
 
         os.makedirs(BUILD_DIR, exist_ok=True)
-        load_inline(name="leapdecode_cached_attention", cpp_sources=[_SOURCE], functions=None,
+        # named by its source: checkouts of different versions share the cache directory
+        name = "leapdecode_cached_attention_" + hashlib.sha1(_SOURCE.encode()).hexdigest()[:12]
+        load_inline(name=name, cpp_sources=[_SOURCE], functions=None,
                     extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"],
                     build_directory=BUILD_DIR, is_python_module=False, verbose=False)  # fmt: skip
 
         @torch.library.register_fake("leapdecode::cached_attention")
         def _(q, k_cache, v_cache, slots, lens, new_k, new_v, new_bias, scale):
+            return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+        @torch.library.register_fake("leapdecode::cached_attention_ragged")
+        def _(q, k_cache, v_cache, slots, lens, cu, new_k, new_v, scale):
             return torch.empty_like(q, memory_format=torch.contiguous_format)
 
         _state["ok"] = True
@@ -299,4 +378,20 @@ def reference(q, k_cache, v_cache, slots, lens, new_k, new_v, new_bias, scale):
         bias = torch.cat([torch.zeros(t, n), new_bias[i]], 1)  # [T, n + T]
         scores = q[i].transpose(0, 1) @ keys.transpose(1, 2) * scale + bias  # [H, T, n + T]
         out[i] = (scores.softmax(-1) @ values).transpose(0, 1)
+    return out
+
+
+def reference_ragged(q, k_cache, v_cache, slots, lens, cu, new_k, new_v, scale):
+    """cached_attention_ragged in plain PyTorch (the tests' reference): [N, H, D]."""
+    out = torch.empty_like(q)
+    for i in range(len(slots)):
+        a, b = int(cu[i]), int(cu[i + 1])
+        if a == b:
+            continue
+        t = b - a
+        bias = torch.zeros(t, t).masked_fill_(
+            ~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf")
+        )
+        out[a:b] = reference(q[None, a:b], k_cache, v_cache, slots[i : i + 1], lens[i : i + 1],
+                             new_k[None, a:b], new_v[None, a:b], bias[None], scale)[0]  # fmt: skip
     return out

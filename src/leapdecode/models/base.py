@@ -53,6 +53,12 @@ class CausalLM(ABC):
     head_ids: torch.Tensor | None = None  # [V_sub] token ids the logits cover (None: all)
 
     @property
+    def packs_rows(self) -> bool:
+        """Whether `forward(..., counts=...)` skips the rows' padding, so that a step costs
+        its real tokens (the sum of the rows' counts), not rows x the longest."""
+        return False
+
+    @property
     def reads_own_context(self) -> bool:
         """Whether a batched step reads each row's own cached context (the CPU attention
         kernel) rather than every row padded to the longest: what prices a step (the
@@ -81,12 +87,15 @@ class CausalLM(ABC):
         tree_mask: torch.Tensor | None = None,  # [B, T, T] bool: new token t sees new token s
         position_offsets: torch.Tensor | None = None,  # [B, T] position of each new token
         logits_at: torch.Tensor | None = None,  # [B] compute logits only at this new index
+        counts: torch.Tensor | None = None,  # [B] real new tokens per row; the rest padding
     ) -> torch.Tensor:
         """Run the new tokens after each slot's cached prefix and cache their keys/values.
 
         Returns float32 logits [B, T, V], or [B, 1, V] when `logits_at` is given (V becomes
         len(head_ids) after `restrict_head`).
         Every slot's length grows by T; the caller truncates padding and rejected drafts.
+        With `counts` (chains only), a backend that `packs_rows` runs only each row's first
+        counts[b] tokens (a slot grows by counts[b]; logits past them are undefined).
         """
 
     @abstractmethod
@@ -98,7 +107,7 @@ class CausalLM(ABC):
         """Keep only the first `new_lengths[b]` cached tokens of each slot (rollback)."""
 
     def forward_outputs(self, tokens, slots, hidden: HiddenRequest, tree_mask=None,
-                        position_offsets=None, logits_at=None) -> ForwardOutput:  # fmt: skip
+                        position_offsets=None, logits_at=None, counts=None) -> ForwardOutput:  # fmt: skip
         """`forward`, also returning the hidden states `hidden` asks for (at every new token,
         whatever `logits_at` is). Backends that cannot refuse with a clear error."""
         from ..errors import LeapDecodeError

@@ -10,7 +10,9 @@ step's own new tokens, joined in one softmax, and the new keys and values come b
 the caller to write in one call for every layer. The past is read over `ceil(longest / 64) * 64`
 positions (an additive bias hides what a row has not cached), so its length never takes the
 values 0 or 1 that torch.compile specialises on. Rows, tokens and the past are dynamic sizes:
-four graphs (one row or more, one token or more) serve every decode, verify and tree step.
+four graphs (one row or more, one token or more) serve every decode, verify and tree step,
+and with the kernel a fifth serves chain steps of several rows packed: each row runs only its
+real tokens (`CausalLM.packs_rows`), so a row that drafted nothing costs one token.
 
 On CPU in float32 the attention is the cached-attention kernel (attention_cpu.py) for every
 decode step and every step of several rows (`uses_kernel`): it reads each row's own context
@@ -62,7 +64,12 @@ class CompiledForward:
             self.kernel = attention_cpu.available()
         options = {"cpp_wrapper": cpp_wrapper}
         self._fn = torch.compile(self._layers, options=options)
-        self._fn_kernel = torch.compile(self._layers_kernel, options=options) if self.kernel else None
+        self._fn_kernel = (
+            torch.compile(self._layers_kernel, options=options) if self.kernel else None
+        )
+        self._fn_ragged = (
+            torch.compile(self._layers_ragged, options=options) if self.kernel else None
+        )
         self.compile_s = 0.0  # time spent in calls that compiled a graph
 
     def fits(self, n_new: int) -> bool:
@@ -150,6 +157,40 @@ class CompiledForward:
 
         return self._stack(tokens, positions, attend)
 
+    def _layers_ragged(self, tokens, positions, cache_k, cache_v, slots, lens, cu):
+        """attention_cpu's packed kernel: tokens, positions [1, N], row b's the packed
+        N[cu[b] : cu[b + 1]], causal, after its cached length lens[b] in slot slots[b].
+        Returns what `_stack` does (with B = 1, T = N)."""
+        scale = self.model.head_dim**-0.5
+
+        def attend(i, q, k, v):
+            return torch.ops.leapdecode.cached_attention_ragged(
+                q[0], cache_k[i], cache_v[i], slots, lens, cu, k[0], v[0], scale
+            )[None]  # fmt: skip
+
+        return self._stack(tokens, positions, attend)
+
+    def ragged(self, tokens, positions, slots, start, cu):
+        """A chain step without padding (the kernel only): tokens, positions [1, N] on the
+        device, packed row after row; slots, start [B] (CPU) each row's slot and cached
+        length; cu [B + 1] (CPU) the rows' offsets in N. Returns what `_layers` does."""
+        cache = self.model.cache
+        dev = cache.k.device
+        args = (tokens, positions, cache.k, cache.v, slots.to(dev, copy=True),
+                start.to(dev, copy=True), cu.to(dev, copy=True))  # fmt: skip
+        for tensor in args[:2]:
+            if tensor.shape[1] > 1:
+                torch._dynamo.mark_dynamic(tensor, 1)
+        for tensor in args[4:]:
+            if tensor.shape[0] > 1:
+                torch._dynamo.mark_dynamic(tensor, 0)
+        t0 = time.perf_counter()
+        frames = _frames_compiled()
+        out = self._fn_ragged(*args)
+        if _frames_compiled() != frames:
+            self.compile_s += time.perf_counter() - t0
+        return out
+
     def __call__(self, tokens, positions, slots, start, new_bias):
         """Run the rows in cache `slots` (CPU [B]; consecutive unless `uses_kernel`) after their
         cached prefixes. tokens, positions [B, T] on the device; start [B] cached lengths
@@ -186,10 +227,10 @@ class CompiledForward:
             self.compile_s += time.perf_counter() - t0
         return out
 
-
     def warm_up(self, max_rows: int) -> float:
         """Compile the graphs a run can meet, now: one row and (when max_rows > 1) two, each
-        with one new token and with three. Returns the seconds it took."""
+        with one new token and with three, and (with the kernel) a packed step of rows with
+        different token counts. Returns the seconds it took."""
         from tqdm import tqdm
 
         m = self.model
@@ -204,6 +245,10 @@ class CompiledForward:
             slots = torch.arange(rows)
             cache.lens[:rows] = 5  # any cached prefix: the keys are only read
             m.forward(torch.zeros(rows, n, dtype=torch.long), slots)
+        if self.kernel and max_rows > 1:  # a chain step of rows with different drafts, packed
+            cache.lens[:2] = 5
+            m.forward(torch.zeros(2, 3, dtype=torch.long), torch.arange(2),
+                      counts=torch.tensor([1, 3]))  # fmt: skip
         cache.lens.copy_(saved)
         return time.perf_counter() - t0
 

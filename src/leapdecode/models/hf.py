@@ -50,7 +50,9 @@ class TransformersLM(CausalLM):
             self.lens[slot] = n
 
     @torch.inference_mode()
-    def forward(self, tokens, slots, tree_mask=None, position_offsets=None, logits_at=None):
+    def forward(
+        self, tokens, slots, tree_mask=None, position_offsets=None, logits_at=None, counts=None
+    ):  # counts: the padding runs too (packs_rows is False)
         if tree_mask is not None or position_offsets is not None:
             raise LeapDecodeError(
                 "the transformers backend does not support tree attention; use --backend native"

@@ -113,6 +113,7 @@ class NativeLlama(CausalLM):
         self.attn_dtype = torch.float32 if device.type == "cpu" else dtype
         self.cache: KVCache | None = None
         self.compiled = None  # a CompiledForward once compile() is called
+
     def compile(self, max_rows: int = 1, keep: tuple[int, ...] = (), warm_up: bool = True) -> float:
         """Run the short steps (decode, verify, tree; up to compiled.MAX_TOKENS new tokens a
         row) through torch.compile (models/compiled.py); prompts and scattered slots stay
@@ -355,22 +356,59 @@ class NativeLlama(CausalLM):
         logits = _linear(x, self.lm_head, None).float()  # [B, T, V]
         return ForwardOutput(logits, hidden, final if want is not None and want.final else None)
 
-    def forward(self, tokens, slots, tree_mask=None, position_offsets=None, logits_at=None):
-        return self._run(tokens, slots, tree_mask, position_offsets, logits_at, None).logits
+    def _run_packed(self, tokens, slots_cpu, start, counts, want) -> ForwardOutput:
+        """A chain step without its padding (the compiled forward's packed kernel): only
+        each row's first counts[b] tokens run, packed row after row; the outputs come back
+        padded ([B, T, ...]), a row's padding repeating its last real token's."""
+        batch, n_new = tokens.shape
+        compiled, cache, dev = self.compiled, self.cache, self.device
+        real = torch.arange(n_new)[None] < counts[:, None]  # [B, T]
+        cu = torch.zeros(batch + 1, dtype=torch.long)
+        cu[1:] = counts.cumsum(0)
+        write_pos = (start[:, None] + torch.arange(n_new))[real]  # [N] cache index of each token
+        positions = write_pos.clamp(max=self.max_context - 1)
+        if want and not set(want.layers) <= set(compiled.keep):  # a new graph (compiles)
+            compiled.keep = tuple(sorted(set(compiled.keep) | set(want.layers)))
+        final, hidden, new_k, new_v = compiled.ragged(
+            tokens.cpu()[real][None].to(dev), positions[None].to(dev), slots_cpu, start, cu
+        )  # [1, N, hidden], [1, N, len(keep), hidden] or None, [L, 1, H_kv, N, D] x 2
+        slot_of = slots_cpu.repeat_interleave(counts).to(dev)  # [N]
+        dst = (slice(None), slot_of, slice(None), write_pos.to(dev))
+        cache.k[dst] = new_k[:, 0].permute(2, 0, 1, 3)  # [N, L, H_kv, D]
+        cache.v[dst] = new_v[:, 0].permute(2, 0, 1, 3)
+        cache.lens[slots_cpu] = start + counts
+        # [B, T] each padded place's packed token: its own, or its row's last real one
+        at = torch.minimum(cu[:-1, None] + torch.arange(n_new), (cu[1:] - 1)[:, None]).to(dev)
+        logits = _linear(final[0], self.lm_head, None).float()[at]  # [B, T, V]
+        if hidden is not None:
+            picked = [compiled.keep.index(i) for i in want.layers] if want else []
+            hidden = hidden[0][at][:, :, picked] if picked else None
+        return ForwardOutput(
+            logits, hidden, final[0][at] if want is not None and want.final else None
+        )
+
+    def forward(self, tokens, slots, tree_mask=None, position_offsets=None, logits_at=None,
+                counts=None):  # fmt: skip
+        return self._run(tokens, slots, tree_mask, position_offsets, logits_at, None,
+                         counts).logits  # fmt: skip
 
     def forward_outputs(self, tokens, slots, hidden: HiddenRequest, tree_mask=None,
-                        position_offsets=None, logits_at=None) -> ForwardOutput:  # fmt: skip
+                        position_offsets=None, logits_at=None, counts=None) -> ForwardOutput:  # fmt: skip
         bad = [i for i in hidden.layers if not 0 <= i <= len(self.layers)]
         if bad:
             raise LeapDecodeError(
                 f"hidden state layer {bad[0]} does not exist: this model has layers "
                 f"0..{len(self.layers)} (0 = embeddings, {len(self.layers)} = last layer's output)"
             )
-        return self._run(tokens, slots, tree_mask, position_offsets, logits_at, hidden)
+        return self._run(tokens, slots, tree_mask, position_offsets, logits_at, hidden, counts)
+
+    @property
+    def packs_rows(self) -> bool:
+        return self.compiled is not None and self.compiled.kernel
 
     @torch.inference_mode()
     def _run(self, tokens, slots, tree_mask, position_offsets, logits_at,
-             want: HiddenRequest | None) -> ForwardOutput:  # fmt: skip
+             want: HiddenRequest | None, counts=None) -> ForwardOutput:  # fmt: skip
         cache = self.cache
         if cache is None:
             raise RuntimeError("allocate() the cache before forward()")
@@ -389,6 +427,10 @@ class NativeLlama(CausalLM):
         positions = (start[:, None] + offsets).clamp(max=self.max_context - 1)  # [B, T]
         p0 = int(start[0])
         same_start = batch == 1 or bool((start == p0).all())
+        if (counts is not None and self.packs_rows and batch > 1 and self.compiled.fits(n_new)
+                and tree_mask is None and position_offsets is None and logits_at is None
+                and bool((counts.cpu() < n_new).any())):  # fmt: skip
+            return self._run_packed(tokens, slots_cpu, start, counts.cpu(), want)
         if self.compiled is not None and self.compiled.fits(n_new):
             out = self._run_compiled(tokens, slots_cpu, start, positions, tree_mask, logits_at,
                                      want, same_start)  # fmt: skip
