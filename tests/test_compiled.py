@@ -169,3 +169,43 @@ def test_ragged_kernel_equals_plain_attention(counts, heads, kv_heads):
     args = (q, k_cache, v_cache, slots, lens, cu, new_k, new_v, d**-0.5)
     got = torch.ops.leapdecode.cached_attention_ragged(*args)
     assert (got - attention_cpu.reference_ragged(*args)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+def test_packed_step_runs_only_each_rows_real_tokens(model, hidden):
+    """A chain step with `counts` (CausalLM.packs_rows): each row's first counts[b] tokens
+    give the eager padded step's logits, hidden states and cached keys and values, and a
+    slot grows by its own count, not by the longest row's; no graph past the warm-up."""
+    if not model.packs_rows:
+        pytest.skip("no cached-attention kernel here: steps run padded")
+    gen = torch.Generator().manual_seed(1)
+    slots, counts = torch.tensor([4, 1, 3]), torch.tensor([5, 1, 3])
+    model.allocate(6, model.cache.k.shape[3])
+    model.compiled, compiled = None, model.compiled
+    model.forward(torch.randint(0, V, (6, 40), generator=gen), torch.arange(6))
+    model.truncate(torch.arange(6), torch.tensor([40, 31, 40, 9, 40, 22]))
+    start = model.cache.lens[slots].clone()
+    tokens = torch.randint(0, V, (3, 5), generator=gen)
+    want = HiddenRequest((0, 2), True) if hidden else None
+    saved = model.cache.k.clone(), model.cache.v.clone(), model.cache.lens.clone()
+    outs = {}
+    for name, path, kw in (("padded", None, {}), ("packed", compiled, {"counts": counts})):
+        model.compiled = path
+        model.cache.k.copy_(saved[0]), model.cache.v.copy_(saved[1])
+        model.cache.lens.copy_(saved[2])
+        before = graphs()
+        out = model.forward_outputs(tokens, slots, want, **kw) if want else model.forward(
+            tokens, slots, **kw)  # fmt: skip
+        outs[name] = (out, model.cache.k.clone(), model.cache.v.clone(), model.cache.lens.clone())
+        assert graphs() == before, "a packed step after the warm-up compiled a new graph"
+    (a, ka, va, _), (b, kb, vb, lb) = outs["padded"], outs["packed"]
+    assert torch.equal(lb[slots], start + counts)
+    for row, (slot, n) in enumerate(zip(slots.tolist(), counts.tolist(), strict=True)):
+        p0 = int(start[row])
+        pairs = [(a.logits, b.logits), (a.hidden, b.hidden), (a.final, b.final)] if hidden \
+            else [(a, b)]  # fmt: skip
+        for x, y in pairs:
+            assert x.shape == y.shape and (x[row, :n] - y[row, :n]).abs().max() < 1e-4
+        for x, y in ((ka, kb), (va, vb)):
+            assert (x[:, slot, :, p0 : p0 + n] - y[:, slot, :, p0 : p0 + n]).abs().max() < 1e-4
+    model.compiled = compiled

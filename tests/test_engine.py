@@ -1,5 +1,7 @@
 """The engine as a service: continuous batching, per-sequence k, seeded rows, `auto`."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -406,3 +408,54 @@ def test_auto_alone_scores_every_plan_the_batch_search_does(decoder, prompts):
     finally:
         sched.cost = old
         engine.abort(seq.id)
+
+
+def test_packed_steps_price_each_rows_drafts_by_its_own_tokens(decoder, prompts, monkeypatch):
+    """Where the target packs rows (`CausalLM.packs_rows`: a chain step costs its real
+    tokens, not rows x the longest draft), auto's plan for a batch is within 2% of the best
+    of every per-row (method, k) combination by the same goodput, under many acceptance
+    estimates and cost models; and a row whose drafts are poor is not drafted to the long
+    row's k, as a plan under one cap for every row would."""
+    from leapdecode.engine.scheduler import _Estimate
+
+    rng = np.random.default_rng(3)
+    sched = decoder.engine.scheduler
+    seqs = [decoder.request(p, method="auto", k=4, max_new_tokens=32) for p in prompts[:3]]
+    monkeypatch.setattr(type(decoder.engine.target), "packs_rows", property(lambda m: True))
+    old, lim = sched.cost, 6
+    choices = [("none", 0)] + [(m, k) for m in ("ngram", "suffix") for k in range(1, lim + 1)]
+    short = 0
+    try:
+        for trial in range(25):
+            step, row = rng.uniform(0.002, 0.02), rng.uniform(0.0002, 0.004)
+            sched.cost = CostModel((1, 8), (1, 2), ((step, step + row), (4 * step, 4 * step + 8 * row)),
+                                   (0.001, 0.002))  # fmt: skip
+            sched.cost.overhead_s = rng.uniform(0.0, 0.003)
+            sched.cost.propose["suffix"] = rng.uniform(0.0, 0.001)
+            opts = {}
+            for i, s in enumerate(seqs):  # row 0 copies well, the others draw their rates
+                rates = [rng.uniform(0.85, 0.99) if i == 0 else rng.uniform(0.05, 0.9)
+                         for _ in range(2)]  # fmt: skip
+                opts[s.id] = [(m, lim, _Estimate.flat(r), None)
+                              for m, r in zip(("ngram", "suffix"), rates, strict=True)]  # fmt: skip
+            monkeypatch.setattr(sched, "_options", lambda s, opts=opts: opts[s.id])
+            plan = [None] * len(seqs)
+            sched._auto(seqs, plan, [0, 1, 2], alone=False)
+            verify = sched.cost.verify_curve(3, 3 * (1 + lim), sched._context(seqs))
+
+            def goodput(p, opts=opts, verify=verify):
+                tokens, drafts, used = 3.0, 0, set()
+                for s, (m, k) in zip(seqs, p, strict=True):
+                    if k:
+                        est = next(e for name, _, e, _ in opts[s.id] if name == m)
+                        tokens += float(est.gains(k)[-1])
+                        drafts, used = drafts + k, used | {m}
+                cost = sched.cost.overhead_s + verify[3 + drafts]
+                return tokens / (cost + sum(sched.cost.propose_s(m) for m in used))
+
+            best = max(goodput(p) for p in itertools.product(choices, repeat=3))
+            assert goodput(plan) >= 0.98 * best, (trial, plan)
+            short += plan[0][1] > 0 and any(k < plan[0][1] for _, k in plan[1:])
+        assert short >= 5  # rows drafted to their own worth, not to one cap
+    finally:
+        sched.cost = old

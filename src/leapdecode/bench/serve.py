@@ -316,7 +316,8 @@ def cmd_serve_bench(args) -> int:
         cells: dict[tuple[str, int], list[dict]] = {}
         meta = {"url": args.url or "local server", "model": model, "rounds": args.rounds,
                 "levels": [], "requests_per_client": args.requests_per_client,
-                "max_new_tokens": args.max_new_tokens, "prompts": len(rows)}  # fmt: skip
+                "max_new_tokens": args.max_new_tokens, "prompts": len(rows),
+                "dtype": args.dtype, "vllm_dtype": getattr(args, "vllm_dtype_used", None)}  # fmt: skip
         bar = tqdm(total=len(levels) * args.rounds * len(cfgs), desc="bench serve", unit="run")
         for conc in levels:
             n = max(args.requests_min, args.requests_per_client * conc)
@@ -350,7 +351,12 @@ def _vllm_peer(args):
         raise LeapDecodeError(f"--peer vllm: no vLLM environment found. {HINT}")
     print(f"vLLM {check_python(python)} from {python}")
     target = resolve_models(args.target, None)[0]
-    dtype = "float32" if args.dtype == "auto" else args.dtype  # the head's export dtype
+    # the dtype our server runs (--dtype auto: the checkpoint's own); vLLM's own "auto" would
+    # load a float32 checkpoint in bfloat16 on CPU, another engine's arithmetic than ours
+    from ..models.loader import load_config, resolve_dtype
+    from .vllm_peer import dtype_name
+
+    dtype = args.vllm_dtype or dtype_name(resolve_dtype(args.dtype, load_config(target)))
     want = {c.strip() for c in (args.vllm_configs or "none,ngram,eagle3,dynamic").split(",")}
     eagle3 = None
     if "eagle3" in want and "eagle" in _heads(args):
@@ -359,7 +365,9 @@ def _vllm_peer(args):
                         max(args.concurrency), default_lookup())  # fmt: skip
     cfgs = [(label, spec) for label, spec in cfgs if label.split(" ")[1] in want]
     threads = args.threads or max(1, available_cores() - 1)  # as our server gets
-    with vllm_servers(python, target, cfgs, args.dtype, max(args.concurrency), threads,
+    print(f"vLLM runs the target in {dtype}")
+    args.vllm_dtype_used = dtype
+    with vllm_servers(python, target, cfgs, dtype, max(args.concurrency), threads,
                       os.path.join(LOGS, "serve")) as urls:  # fmt: skip
         yield [Config(label, None, urls[label]) for label, _ in cfgs]
 
@@ -431,7 +439,9 @@ def write(summary: list[dict], meta: dict, out_dir: str) -> None:
         f"the same for every configuration; a ratio (x `none`, `auto` / best fixed) is the "
         f"median of the per-round ratios, which pairs configurations that served the same "
         f"prompts at nearly the same time. The server keeps no earlier "
-        f"outputs for suffix decoding (the rounds repeat the prompts).",
+        f"outputs for suffix decoding (the rounds repeat the prompts). Our server's dtype: "
+        f"{meta.get('dtype', 'auto')}"
+        + (f"; vLLM's: {meta['vllm_dtype']}." if meta.get("vllm_dtype") else "."),
         "",
         "## Throughput (completion tokens/s) and x `none` at the same concurrency",
         "",
@@ -570,6 +580,9 @@ def add_parser(what, model_args, prompts_dir: str) -> None:
     sv.add_argument("--vllm-configs", default=None,
                     help="only these vLLM servers (none, ngram, eagle3, dynamic: "
                     "comma-separated; default all)")  # fmt: skip
+    sv.add_argument("--vllm-dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                    help="vLLM's weights and KV cache (default: the dtype our server runs, the "
+                    "checkpoint's own for --dtype auto; vLLM's own auto picks bfloat16 on CPU)")  # fmt: skip
 
 
 def cmd_soak(args) -> int:
