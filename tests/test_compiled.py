@@ -209,3 +209,36 @@ def test_packed_step_runs_only_each_rows_real_tokens(model, hidden):
         for x, y in ((ka, kb), (va, vb)):
             assert (x[:, slot, :, p0 : p0 + n] - y[:, slot, :, p0 : p0 + n]).abs().max() < 1e-4
     model.compiled = compiled
+
+
+@pytest.mark.parametrize("rows,hidden", [(1, False), (3, True)])
+def test_compiled_prefill_equals_eager(model, rows, hidden):
+    """Prompts longer than the compiled steps (prefill) run through the compiled prompt
+    graph: the eager forward's logits, hidden states, cached keys and values and lengths,
+    rows in scattered slots, and no graph past the warm-up."""
+    from leapdecode.models.compiled import MAX_TOKENS
+
+    gen = torch.Generator().manual_seed(rows)
+    n = MAX_TOKENS + 30
+    slots = torch.tensor([5, 0, 3][:rows])
+    tokens = torch.randint(0, V, (rows, n), generator=gen)
+    at = torch.tensor([n - 1, n - 5, 70][:rows])
+    want = HiddenRequest((0, 2), True) if hidden else None
+    compiled, outs = model.compiled, {}
+    for name, path in (("eager", None), ("compiled", compiled)):
+        model.compiled = path
+        model.allocate(6, model.cache.k.shape[3])
+        before = graphs()
+        kw = {"logits_at": at}
+        out = model.forward_outputs(tokens, slots, want, **kw) if want else model.forward(
+            tokens, slots, **kw)  # fmt: skip
+        outs[name] = (out, model.cache.k[:, slots, :, :n].clone(),
+                      model.cache.v[:, slots, :, :n].clone(), model.cache.lens.clone())  # fmt: skip
+        assert graphs() == before, "a prompt after the warm-up compiled a new graph"
+    model.compiled = compiled
+    (a, ka, va, la), (b, kb, vb, lb) = outs["eager"], outs["compiled"]
+    pairs = [(a.logits, b.logits), (a.hidden, b.hidden), (a.final, b.final)] if hidden else [(a, b)]
+    for x, y in pairs:
+        assert x.shape == y.shape and (x - y).abs().max() < 1e-4
+    assert (ka - kb).abs().max() < 1e-4 and (va - vb).abs().max() < 1e-4
+    assert torch.equal(la, lb)

@@ -11,7 +11,8 @@ the caller to write in one call for every layer. The past is read over `ceil(lon
 positions (an additive bias hides what a row has not cached), so its length never takes the
 values 0 or 1 that torch.compile specialises on. Rows, tokens and the past are dynamic sizes:
 four graphs (one row or more, one token or more) serve every decode, verify and tree step,
-and with the kernel a fifth serves chain steps of several rows packed: each row runs only its
+two more (one row or more) every prompt longer than those steps (prefill, SDPA's causal path
+over the prompt's own tokens), and with the kernel one more serves chain steps of several rows packed: each row runs only its
 real tokens (`CausalLM.packs_rows`), so a row that drafted nothing costs one token.
 
 On CPU in float32 the attention is the cached-attention kernel (attention_cpu.py) for every
@@ -70,6 +71,7 @@ class CompiledForward:
         self._fn_ragged = (
             torch.compile(self._layers_ragged, options=options) if self.kernel else None
         )
+        self._fn_fresh = torch.compile(self._layers_fresh, options=options)
         self.compile_s = 0.0  # time spent in calls that compiled a graph
 
     def fits(self, n_new: int) -> bool:
@@ -170,6 +172,33 @@ class CompiledForward:
 
         return self._stack(tokens, positions, attend)
 
+    def _layers_fresh(self, tokens, positions):
+        """A fresh prompt (nothing cached before it; rows right-padded): causal attention
+        over its own tokens (SDPA's causal path). Returns what `_stack` does."""
+        gqa = self.model.n_heads != self.model.n_kv_heads
+
+        def attend(i, q, k, v):
+            return F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                enable_gqa=gqa,
+            ).transpose(1, 2)  # fmt: skip
+
+        return self._stack(tokens, positions, attend)
+
+    def fresh(self, tokens, positions):
+        """Prompts longer than the decode graphs' steps (prefill), nothing cached before
+        them: tokens, positions [B, T] on the device. Returns what `_layers` does."""
+        for tensor in (tokens, positions):
+            for dim in (0, 1):
+                if tensor.shape[dim] > 1:
+                    torch._dynamo.mark_dynamic(tensor, dim)
+        t0 = time.perf_counter()
+        frames = _frames_compiled()
+        out = self._fn_fresh(tokens, positions)
+        if _frames_compiled() != frames:
+            self.compile_s += time.perf_counter() - t0
+        return out
+
     def ragged(self, tokens, positions, slots, start, cu):
         """A chain step without padding (the kernel only): tokens, positions [1, N] on the
         device, packed row after row; slots, start [B] (CPU) each row's slot and cached
@@ -229,8 +258,8 @@ class CompiledForward:
 
     def warm_up(self, max_rows: int) -> float:
         """Compile the graphs a run can meet, now: one row and (when max_rows > 1) two, each
-        with one new token and with three, and (with the kernel) a packed step of rows with
-        different token counts. Returns the seconds it took."""
+        with one new token and with three, a prompt of each (prefill), and (with the kernel)
+        a packed step of rows with different token counts. Returns the seconds it took."""
         from tqdm import tqdm
 
         m = self.model
@@ -245,6 +274,9 @@ class CompiledForward:
             slots = torch.arange(rows)
             cache.lens[:rows] = 5  # any cached prefix: the keys are only read
             m.forward(torch.zeros(rows, n, dtype=torch.long), slots)
+        for rows in (1, 2) if max_rows > 1 else (1,):  # prompts past MAX_TOKENS (prefill)
+            cache.lens[:rows] = 0
+            m.forward(torch.zeros(rows, MAX_TOKENS + 16, dtype=torch.long), torch.arange(rows))
         if self.kernel and max_rows > 1:  # a chain step of rows with different drafts, packed
             cache.lens[:2] = 5
             m.forward(torch.zeros(2, 3, dtype=torch.long), torch.arange(2),

@@ -115,12 +115,12 @@ class NativeLlama(CausalLM):
         self.compiled = None  # a CompiledForward once compile() is called
 
     def compile(self, max_rows: int = 1, keep: tuple[int, ...] = (), warm_up: bool = True) -> float:
-        """Run the short steps (decode, verify, tree; up to compiled.MAX_TOKENS new tokens a
-        row) through torch.compile (models/compiled.py); prompts and scattered slots stay
-        eager. `keep`: the hidden-state layers the step always returns (the union of what
-        the proposers want). Warm-up compiles the graphs for up to `max_rows` rows at once
-        (four at most: one row or more, one token or more) with a progress bar; returns its
-        seconds. The compiled code is cached under ~/.cache/leapdecode/inductor."""
+        """Run the steps (decode, verify, tree; up to compiled.MAX_TOKENS new tokens a row)
+        and fresh prompts (prefill) through torch.compile (models/compiled.py); a prompt
+        after a cached prefix and rows too scattered stay eager. `keep`: the hidden-state
+        layers the step always returns (the union of what the proposers want). Warm-up
+        compiles the graphs for up to `max_rows` rows at once with a progress bar; returns
+        its seconds. The compiled code is cached under ~/.cache/leapdecode/inductor."""
         if len(self.windows) > 1 or None not in self.windows:
             raise LeapDecodeError(
                 "--compile covers full-attention models; this one has sliding-window layers: "
@@ -356,6 +356,29 @@ class NativeLlama(CausalLM):
         logits = _linear(x, self.lm_head, None).float()  # [B, T, V]
         return ForwardOutput(logits, hidden, final if want is not None and want.final else None)
 
+    def _run_fresh(self, tokens, slots_cpu, positions, logits_at, want) -> ForwardOutput:
+        """Prompts with nothing cached before them, through the compiled prefill graph; their
+        keys and values written to the cache in one call for every layer."""
+        batch, n_new = tokens.shape
+        compiled, cache, dev = self.compiled, self.cache, self.device
+        if want and not set(want.layers) <= set(compiled.keep):  # a new graph (compiles)
+            compiled.keep = tuple(sorted(set(compiled.keep) | set(want.layers)))
+        final, hidden, new_k, new_v = compiled.fresh(
+            tokens.to(dev, copy=True), positions.to(dev, copy=True)
+        )  # [B, T, hidden], [B, T, len(keep), hidden] or None, [L, B, H_kv, T, D] x 2
+        rows = slots_cpu.to(dev)
+        cache.k[:, rows, :, :n_new] = new_k
+        cache.v[:, rows, :, :n_new] = new_v
+        cache.lens[slots_cpu] = n_new
+        if hidden is not None:
+            picked = [compiled.keep.index(i) for i in want.layers] if want else []
+            hidden = hidden[:, :, picked] if picked else None
+        x = final
+        if logits_at is not None:
+            x = x[torch.arange(batch, device=dev), logits_at.to(dev)][:, None]  # [B, 1, hidden]
+        logits = _linear(x, self.lm_head, None).float()
+        return ForwardOutput(logits, hidden, final if want is not None and want.final else None)
+
     def _run_packed(self, tokens, slots_cpu, start, counts, want) -> ForwardOutput:
         """A chain step without its padding (the compiled forward's packed kernel): only
         each row's first counts[b] tokens run, packed row after row; the outputs come back
@@ -431,6 +454,10 @@ class NativeLlama(CausalLM):
                 and tree_mask is None and position_offsets is None and logits_at is None
                 and bool((counts.cpu() < n_new).any())):  # fmt: skip
             return self._run_packed(tokens, slots_cpu, start, counts.cpu(), want)
+        fresh = tree_mask is None and same_start and p0 == 0 and position_offsets is None
+        if (self.compiled is not None and fresh and not self.compiled.fits(n_new)
+                and all(w is None or span <= w for w in self.windows)):  # fmt: skip
+            return self._run_fresh(tokens, slots_cpu, positions, logits_at, want)
         if self.compiled is not None and self.compiled.fits(n_new):
             out = self._run_compiled(tokens, slots_cpu, start, positions, tree_mask, logits_at,
                                      want, same_start)  # fmt: skip
