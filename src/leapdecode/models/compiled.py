@@ -266,21 +266,19 @@ class CompiledForward:
         cache = m.cache
         if cache is None or cache.n_slots < min(max_rows, 2):
             raise RuntimeError("allocate() the cache before compiling")
-        shapes = [(1, 1), (1, 3)] + ([(2, 1), (2, 3)] if max_rows > 1 else [])
+        # (rows, new tokens a row, cached before them, counts): the steps, a prompt past
+        # MAX_TOKENS (prefill) and, with the kernel, a packed chain step
+        steps = [(1, 1, 5, None), (1, 3, 5, None), (1, MAX_TOKENS + 16, 0, None)]
+        if max_rows > 1:
+            steps += [(2, 1, 5, None), (2, 3, 5, None), (2, MAX_TOKENS + 16, 0, None)]
+            if self.kernel:
+                steps.append((2, 3, 5, torch.tensor([1, 3])))
         t0 = time.perf_counter()
         saved = cache.lens.clone()
-        for rows, n in tqdm(shapes, desc="compiling the forward (once; cached after)",
-                            unit="graph", leave=False):  # fmt: skip
-            slots = torch.arange(rows)
-            cache.lens[:rows] = 5  # any cached prefix: the keys are only read
-            m.forward(torch.zeros(rows, n, dtype=torch.long), slots)
-        for rows in (1, 2) if max_rows > 1 else (1,):  # prompts past MAX_TOKENS (prefill)
-            cache.lens[:rows] = 0
-            m.forward(torch.zeros(rows, MAX_TOKENS + 16, dtype=torch.long), torch.arange(rows))
-        if self.kernel and max_rows > 1:  # a chain step of rows with different drafts, packed
-            cache.lens[:2] = 5
-            m.forward(torch.zeros(2, 3, dtype=torch.long), torch.arange(2),
-                      counts=torch.tensor([1, 3]))  # fmt: skip
+        for rows, n, cached, counts in tqdm(steps, desc="compiling the forward (once; cached "
+                                            "after)", unit="graph", leave=False):  # fmt: skip
+            cache.lens[:rows] = cached  # any cached prefix: the keys are only read
+            m.forward(torch.zeros(rows, n, dtype=torch.long), torch.arange(rows), counts=counts)
         cache.lens.copy_(saved)
         return time.perf_counter() - t0
 
