@@ -117,7 +117,9 @@ def main() -> int:
         model.truncate(slot, torch.zeros(1, dtype=torch.long))
         model.forward(tokens, slot, logits_at=torch.tensor([n - 1]))
 
+    model.compiled = None  # eager, as the table says (bench/prefill_step.py: both paths)
     ms = median_ms(prefill, max(3, args.reps // 3))
+    model.compiled = compiled
     flops = sum(flops_per_row(config, c) - 2 * config.hidden_size * config.vocab_size
                 for c in range(n)) + 2 * config.hidden_size * config.vocab_size  # fmt: skip
     r["prefill"] = {"tokens": n, "ms": ms, "tokens_per_s": n / ms * 1e3,

@@ -47,21 +47,24 @@ def model(compiled_decoder):
     return compiled_decoder.target
 
 
-@pytest.mark.parametrize("hidden", [False, True])
-@pytest.mark.parametrize("case", list(CASES))
-def test_compiled_step_equals_eager(model, case, hidden):
-    slots, n, kw = CASES[case]
-    slots = torch.tensor(slots)
-    gen = torch.Generator().manual_seed(0)
-    model.allocate(6, model.cache.k.shape[3])  # the engine's cache, emptied
+def _cached_rows(model, seed: int):
+    """The engine's cache emptied, then six slots holding 40, 31, 40, 9, 40, 22 tokens
+    (eager); returns the generator and the eager path's stand-in (None) with the compiled."""
+    gen = torch.Generator().manual_seed(seed)
+    model.allocate(6, model.cache.k.shape[3])
     model.compiled, compiled = None, model.compiled
     model.forward(torch.randint(0, V, (6, 40), generator=gen), torch.arange(6))
     model.truncate(torch.arange(6), torch.tensor([40, 31, 40, 9, 40, 22]))
-    tokens = torch.randint(0, V, (len(slots), n), generator=gen)
-    want = HiddenRequest((0, 2), True) if hidden else None
+    return gen, compiled
+
+
+def _each_path(model, tokens, slots, want, runs) -> dict:
+    """runs: (name, compiled forward or None, forward keywords); each from the same cache.
+    Returns name -> (output, cache keys, values, lengths after), and checks that no step
+    compiled a graph past the warm-up."""
     saved = model.cache.k.clone(), model.cache.v.clone(), model.cache.lens.clone()
     outs = {}
-    for name, path in (("eager", None), ("compiled", compiled)):
+    for name, path, kw in runs:
         model.compiled = path
         model.cache.k.copy_(saved[0]), model.cache.v.copy_(saved[1])
         model.cache.lens.copy_(saved[2])
@@ -69,7 +72,20 @@ def test_compiled_step_equals_eager(model, case, hidden):
         out = model.forward_outputs(tokens, slots, want, **kw) if want else model.forward(
             tokens, slots, **kw)  # fmt: skip
         outs[name] = (out, model.cache.k.clone(), model.cache.v.clone(), model.cache.lens.clone())
-        assert graphs() == before, "a step after the warm-up compiled a new graph"
+        assert graphs() == before, f"a {name} step after the warm-up compiled a new graph"
+    return outs
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+@pytest.mark.parametrize("case", list(CASES))
+def test_compiled_step_equals_eager(model, case, hidden):
+    slots, n, kw = CASES[case]
+    slots = torch.tensor(slots)
+    gen, compiled = _cached_rows(model, 0)
+    tokens = torch.randint(0, V, (len(slots), n), generator=gen)
+    want = HiddenRequest((0, 2), True) if hidden else None
+    outs = _each_path(model, tokens, slots, want, (("eager", None, kw), ("compiled", compiled, kw)))
+    model.compiled = compiled
     (a, ka, va, la), (b, kb, vb, lb) = outs["eager"], outs["compiled"]
     if hidden:
         for x, y in ((a.logits, b.logits), (a.hidden, b.hidden), (a.final, b.final)):
@@ -178,26 +194,13 @@ def test_packed_step_runs_only_each_rows_real_tokens(model, hidden):
     slot grows by its own count, not by the longest row's; no graph past the warm-up."""
     if not model.packs_rows:
         pytest.skip("no cached-attention kernel here: steps run padded")
-    gen = torch.Generator().manual_seed(1)
     slots, counts = torch.tensor([4, 1, 3]), torch.tensor([5, 1, 3])
-    model.allocate(6, model.cache.k.shape[3])
-    model.compiled, compiled = None, model.compiled
-    model.forward(torch.randint(0, V, (6, 40), generator=gen), torch.arange(6))
-    model.truncate(torch.arange(6), torch.tensor([40, 31, 40, 9, 40, 22]))
+    gen, compiled = _cached_rows(model, 1)
     start = model.cache.lens[slots].clone()
     tokens = torch.randint(0, V, (3, 5), generator=gen)
     want = HiddenRequest((0, 2), True) if hidden else None
-    saved = model.cache.k.clone(), model.cache.v.clone(), model.cache.lens.clone()
-    outs = {}
-    for name, path, kw in (("padded", None, {}), ("packed", compiled, {"counts": counts})):
-        model.compiled = path
-        model.cache.k.copy_(saved[0]), model.cache.v.copy_(saved[1])
-        model.cache.lens.copy_(saved[2])
-        before = graphs()
-        out = model.forward_outputs(tokens, slots, want, **kw) if want else model.forward(
-            tokens, slots, **kw)  # fmt: skip
-        outs[name] = (out, model.cache.k.clone(), model.cache.v.clone(), model.cache.lens.clone())
-        assert graphs() == before, "a packed step after the warm-up compiled a new graph"
+    runs = (("padded", None, {}), ("packed", compiled, {"counts": counts}))
+    outs = _each_path(model, tokens, slots, want, runs)
     (a, ka, va, _), (b, kb, vb, lb) = outs["padded"], outs["packed"]
     assert torch.equal(lb[slots], start + counts)
     for row, (slot, n) in enumerate(zip(slots.tolist(), counts.tolist(), strict=True)):
