@@ -38,6 +38,7 @@ CONFIGS = {
     "auto-no-draft": dict(
         method="auto", num_speculative_tokens=4, auto_methods=("ngram", "suffix")
     ),
+    "auto-ngram": dict(method="auto", num_speculative_tokens=4, auto_methods=("ngram",)),
     # the static batch-size -> k table of `leapdecode bench serve` (bench/serve.py STATIC_TABLE)
     "draft-table": dict(
         method="draft",
