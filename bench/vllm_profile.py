@@ -281,7 +281,8 @@ def serve_profile(python: str, target: str, args) -> int:
     import httpx
 
     from leapdecode.bench import workloads
-    from leapdecode.bench.serve import Config, _wait_healthy, free_port, run_load
+    from leapdecode.bench.serve import Config, run_load
+    from leapdecode.bench.servers import free_port, wait_healthy
     from leapdecode.bench.vllm_serve import SERVER_PIDS, awake, vllm_server
 
     c = args.concurrency
@@ -299,7 +300,7 @@ def serve_profile(python: str, target: str, args) -> int:
                             stderr=subprocess.STDOUT)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, ours, os.path.join(tmp, "ours.log"))
+        wait_healthy(url, ours, os.path.join(tmp, "ours.log"))
         model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
         with vllm_server(python, target, None, "float32", c, 1,
                          os.path.join(tmp, "vllm-serve.log")) as vurl:  # fmt: skip

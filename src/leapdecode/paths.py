@@ -14,6 +14,7 @@ from .errors import LeapDecodeError
 # the source checkout (src/leapdecode/ -> ..); the embedded models and bench files live there
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_MODELS = os.path.join(REPO, "models")
+PROMPTS = os.path.join(REPO, "bench", "prompts")  # the bench prompt sets (a repo checkout)
 TARGET_NAME, DRAFT_NAME = "leap-code-target", "leap-code-draft"
 
 

@@ -11,9 +11,7 @@ import torch
 
 from ..config import MAX_K
 from ..errors import LeapDecodeError
-from ..paths import REPO
-
-PROMPTS = os.path.join(REPO, "bench", "prompts")
+from ..paths import PROMPTS, REPO
 
 
 def _ks(text: str, flag: str) -> list[int]:

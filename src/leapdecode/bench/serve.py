@@ -33,6 +33,7 @@ from tqdm import tqdm
 from ..config import SpecConfig
 from ..errors import LeapDecodeError
 from .runner import round_order
+from .servers import free_port, tail, wait_healthy
 
 # A static batch-size -> k table after SGLang's adaptive candidates (bs 1 -> {1,3,5,7},
 # bs 8 -> {0,1,3}, bs 32 -> {0,1}), as vLLM / TRT-LLM static schedules configure it.
@@ -211,10 +212,10 @@ def local_server(args, extra: tuple[str, ...] = ()):
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, proc, log_path)
+        wait_healthy(url, proc, log_path)
         yield url, proc.pid
     except BaseException:
-        print(f"server log (tail):\n{_tail(log_path)}", file=sys.stderr)
+        print(f"server log (tail):\n{tail(log_path)}", file=sys.stderr)
         raise
     finally:
         proc.terminate()
@@ -223,14 +224,6 @@ def local_server(args, extra: tuple[str, ...] = ()):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tree_rss_kb(pid: int) -> int:
@@ -247,26 +240,6 @@ def tree_rss_kb(pid: int) -> int:
         except (OSError, StopIteration):  # it exited meanwhile
             continue
     return total
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, log_path: str, limit_s: float = 900) -> None:
-    import httpx
-
-    deadline = time.time() + limit_s
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise LeapDecodeError(f"the server did not start: {_tail(log_path)}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    raise LeapDecodeError(f"the server did not answer /health within {limit_s:.0f} s")
-
-
-def _tail(path: str, chars: int = 2000) -> str:
-    with open(path) as f:
-        return f.read()[-chars:]
 
 
 def _heads(args) -> list[str]:

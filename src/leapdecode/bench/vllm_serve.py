@@ -22,7 +22,7 @@ import subprocess
 from contextlib import ExitStack, contextmanager
 
 from ..errors import LeapDecodeError
-from .serve import _wait_healthy, free_port
+from .servers import free_port, wait_healthy
 from .vllm_peer import KV_CACHE_BYTES, _file_name, pause, resume, worker_env
 
 SERVED_NAME = "leap-code-target"
@@ -95,7 +95,7 @@ def vllm_server(python: str, target: str, spec: dict | None, dtype: str, max_num
                                 env=worker_env(threads, python=python), start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, proc, log_path, limit_s)
+        wait_healthy(url, proc, log_path, limit_s)
         SERVER_PIDS[url] = proc.pid
         pause(proc.pid)  # until its turn (see awake)
         yield url

@@ -33,7 +33,7 @@ PROMPT_CHARS = {"completion": 2000, "grounded": 2600}
 def validation_files(manifest_path: str) -> list[tuple[str, str]]:
     """(relative path, text) of every validation file of 200 bytes or more, checked by
     sha256 against the manifest (train/evaluate.py reads them the same way)."""
-    from ..train.evaluate import validation_files as checked_files
+    from ..train.validation import validation_files as checked_files
 
     if not os.path.isfile(manifest_path):
         raise LeapDecodeError(

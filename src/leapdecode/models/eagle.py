@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import LeapDecodeError
-from .heads import read_folder, write_folder
+from .head_files import read_folder, write_folder
 from .ops import linear, transposed
 from .rope import apply_rope, rope_tables
 

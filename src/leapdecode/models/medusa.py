@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import LeapDecodeError
-from .heads import read_folder, write_folder
+from .head_files import read_folder, write_folder
 
 MAX_TREE = 64
 

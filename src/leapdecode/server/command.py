@@ -6,7 +6,7 @@ import errno
 import os
 from functools import partial
 
-from ..cli import add_draftless_args, engine_options, spec_options
+from ..cli_args import add_draftless_args, engine_options, spec_options
 from ..config import MAX_K, METHODS, SpecConfig, parse_k_table
 from ..errors import LeapDecodeError
 

@@ -65,7 +65,7 @@ def revision_exact(dec, prompt_file: str) -> dict:
 
 
 def looping(dec, files, n: int = 24, prompt_tokens: int = 192, new: int = 128) -> dict:
-    from .evaluate import validation_prompts
+    from .validation import validation_prompts
 
     prompt_tokens = min(prompt_tokens, dec.target.max_context // 2)
     new = min(new, dec.target.max_context // 4)

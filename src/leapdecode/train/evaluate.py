@@ -24,34 +24,7 @@ from tqdm import tqdm
 
 from ..errors import LeapDecodeError
 from .tokenizer import EOS
-
-
-def _manifest(model_dir: str) -> dict:
-    path = os.path.join(model_dir, "corpus_manifest.json")
-    if not os.path.isfile(path):
-        raise LeapDecodeError(f"{model_dir!r} has no corpus_manifest.json: was it trained here?")
-    with open(path) as f:
-        return json.load(f)
-
-
-def validation_files(manifest: dict, root: str | None = None) -> list[tuple[str, bytes]]:
-    """The held-out files, checked against the manifest's sha256 (the corpus must not drift)."""
-    import hashlib
-
-    root = root or manifest["root"]
-    out = []
-    for f in manifest["files"]:
-        if f["split"] != "validation":
-            continue
-        path = os.path.join(root, f["path"])
-        try:
-            data = open(path, "rb").read()
-        except OSError as e:
-            raise LeapDecodeError(f"validation file {path!r} is missing: pass --data DIR") from e
-        if hashlib.sha256(data).hexdigest() != f["sha256"]:
-            raise LeapDecodeError(f"validation file {path!r} differs from the manifest")
-        out.append((f["path"], data))
-    return out
+from .validation import model_manifest, validation_files, validation_prompts
 
 
 def xz_bits_per_byte(files: list[tuple[str, bytes]]) -> float:
@@ -143,22 +116,6 @@ def pair_decode_ms(paths: dict[str, str]) -> dict[str, float]:
         torch.set_num_threads(threads)
 
 
-def validation_prompts(tokenizer, files, n: int, prompt_tokens: int = 192) -> list[str]:
-    """Prefixes of held-out files, cut at a line boundary."""
-    prompts = []
-    for _, data in files:
-        text = data.decode("utf-8")
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        if len(ids) < prompt_tokens + 128:
-            continue
-        prefix = tokenizer.decode(ids[:prompt_tokens])
-        cut = prefix.rfind("\n")
-        prompts.append(prefix[: cut + 1] if cut > 0 else prefix)
-        if len(prompts) == n:
-            break
-    return prompts
-
-
 def acceptance_at_k(target: str, draft: str, prompts: list[str], k: int = 4, new: int = 128):
     from ..api import LeapDecoder
 
@@ -178,7 +135,7 @@ def evaluate_and_write_cards(args) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     baseline = baseline_looping(args.baseline) if getattr(args, "baseline", None) else {}
-    manifest = _manifest(args.target)
+    manifest = model_manifest(args.target)
     files = validation_files(manifest, args.data)
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     paths = {"target": args.target} | ({"draft": args.draft} if args.draft else {})
@@ -202,7 +159,7 @@ def evaluate_and_write_cards(args) -> dict:
         }
         report[name]["bits_per_byte_vs_xz"] = report[name]["bits_per_byte"] / xz
     if not getattr(args, "no_copying", False):
-        from ..bench.command import PROMPTS
+        from ..paths import PROMPTS
         from .copying import measure
 
         report["target"] |= measure(args.target, files, os.path.join(PROMPTS, "revision.jsonl"))

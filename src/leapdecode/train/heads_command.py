@@ -72,8 +72,8 @@ def _tokens(args, teacher_path: str, run_dir: str):
     """(train, validation) token streams: --tokens (its last 5% held out: the data the
     heads will see), or the corpus splits encoded with the target's tokenizer, cached in
     the run folder (so a cache never outlives the tokenizer it was made with)."""
-    from .commands import _corpus, _load_tokenizer
     from .data import load_or_encode
+    from .fit import corpus_files, load_tokenizer
 
     if args.tokens:
         if not os.path.isfile(args.tokens):
@@ -85,8 +85,8 @@ def _tokens(args, teacher_path: str, run_dir: str):
                 f"--tokens {args.tokens!r} is too short for --context {args.context}"
             )
         return stream[:cut], stream[cut:]
-    tokenizer = _load_tokenizer(teacher_path)
-    root, files = _corpus(args)
+    tokenizer = load_tokenizer(teacher_path)
+    root, files = corpus_files(args)
     cache = os.path.join(run_dir, "tokens")
     train = load_or_encode(tokenizer, root, files, "train", cache)
     val = load_or_encode(tokenizer, root, files, "validation", cache)
@@ -102,12 +102,12 @@ def _tokens(args, teacher_path: str, run_dir: str):
 def measured_acceptance(target: str, out: str, kind: str, n_prompts: int) -> dict:
     """Mean accepted tokens per target forward (greedy) on validation prompts, by k."""
     from ..api import LeapDecoder
-    from .evaluate import _manifest, validation_files, validation_prompts
+    from .validation import model_manifest, validation_files, validation_prompts
 
     if n_prompts <= 0:
         return {}
     try:
-        files = validation_files(_manifest(target))
+        files = validation_files(model_manifest(target))
     except LeapDecodeError as e:
         print(f"(no acceptance measured: {e})")
         return {}

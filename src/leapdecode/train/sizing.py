@@ -90,13 +90,13 @@ def _draft_models(run_dir: str, vocab: int) -> dict[str, str]:
 
 
 def run(args) -> int:
-    from .commands import _fit, _load_tokenizer
     from .evaluate import interleaved_decode_ms
+    from .fit import fit, load_tokenizer
 
     cands = parse_candidates(args.candidates)
     if args.minutes <= 0 or args.budget_hours <= 0:
         raise LeapDecodeError("--minutes and --budget-hours must be > 0")
-    tokenizer = _load_tokenizer(args.tokenizer)
+    tokenizer = load_tokenizer(args.tokenizer)
     results = []
     for c in cands:
         sub = copy.copy(args)
@@ -107,7 +107,7 @@ def run(args) -> int:
         sub.max_minutes = args.minutes
         sub.init = sub.tokens = None
         if not os.path.isfile(os.path.join(sub.out, "config.json")):
-            _fit(sub, tokenizer, "target", save_partial=True)
+            fit(sub, tokenizer, "target", save_partial=True)
         log = [json.loads(x) for x in open(os.path.join(sub.run_dir, "log.jsonl"))]
         results.append({**c, "log": [e for e in log if "val_loss" in e]})
     models = {r["name"]: os.path.join(args.run_dir, r["name"], "model") for r in results}
