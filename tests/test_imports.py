@@ -117,3 +117,15 @@ def test_the_checker_finds_a_circle_and_an_upward_import():
              "models.llama": {"api"}, "api": set()}  # fmt: skip
     assert circles(graph) == [["engine.engine", "engine.planner"]]
     assert layer("models.llama") < layer("api")
+
+
+def test_the_planner_neither_imports_nor_holds_the_engine(decoder):
+    """The scheduler plans from the proposers, the target's step traits and the cost model it
+    is given: it imports no engine module and keeps no reference to the engine."""
+    from leapdecode.engine.engine import Engine
+
+    graph = imports(modules())
+    assert "engine.engine" not in graph["engine.scheduler"]
+    held = vars(decoder.engine.scheduler).values()
+    assert not any(isinstance(v, Engine) for v in held)
+    assert decoder.engine.scheduler.proposers is decoder.engine.proposers

@@ -42,6 +42,7 @@ from ..sampling import process_rows
 from ..sequence import Sequence, pad_right
 from ..tree import ancestor_mask, chain_parents, depths
 from ..verify import greedy_accept, rejection_accept, sample_match_accept, tree_greedy_accept
+from .cost_model import CostModel
 from .scheduler import Scheduler
 
 PREFILL_PADDING = 0.25  # a prefill forward's padding may be at most this share of its real tokens
@@ -138,7 +139,7 @@ class Engine:
             self.proposers["eagle"] = EagleProposer(eagle, target)
         self.draft = draft
         self.metrics = metrics
-        self.scheduler = Scheduler(self)
+        self.scheduler = Scheduler(self.proposers, target, self._profile_costs)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.free_slots: list[int] = list(range(max_num_seqs))
@@ -154,6 +155,11 @@ class Engine:
         self.target.allocate(self.max_num_seqs, self.max_len)
         if self.draft is not None:
             self.draft.allocate(self.max_num_seqs, self.max_len)
+
+    def _profile_costs(self) -> CostModel:
+        """The step costs measured on this engine's own (emptied) caches."""
+        self.allocate()
+        return CostModel.profile(self.target, self.draft, self.max_num_seqs)
 
     def compile(self) -> float:
         """Compile the target's short steps (native backend) for this engine's batch size and

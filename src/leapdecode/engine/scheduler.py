@@ -27,11 +27,13 @@ smoothly as rows get dearer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..config import AUTO_CHOICES, MAX_K
+from ..models.base import CausalLM
 from ..sequence import Sequence
 from .cost_model import CostModel
 
@@ -143,8 +145,15 @@ class _Estimate:
 
 
 class Scheduler:
-    def __init__(self, engine) -> None:
-        self.engine = engine
+    def __init__(self, proposers: dict, target: CausalLM,
+                 profile: Callable[[], CostModel] | None = None) -> None:  # fmt: skip
+        """proposers: the engine's, by method name (read as they are at each plan); target:
+        the model whose steps are planned (what prices them: whether it packs rows, reads
+        each row's own context; its depth); profile: measures the step costs when `auto`
+        first needs them (the caches empty)."""
+        self.proposers = proposers
+        self.target = target
+        self.profile = profile
         self.cost: CostModel | None = None
         # (seq id, method, bucket) -> that request's estimate; see _bucket
         self.estimates: dict[tuple[int, str, int], _Estimate] = {}
@@ -162,13 +171,13 @@ class Scheduler:
     def ensure_cost_model(self) -> CostModel:
         """Profile the step costs (needs empty caches: call while nothing runs)."""
         if self.cost is None:
-            e = self.engine
-            e.allocate()
-            self.cost = CostModel.profile(e.target, e.draft, e.max_num_seqs)
+            if self.profile is None:
+                raise RuntimeError("this scheduler was made without a way to profile costs")
+            self.cost = self.profile()
         return self.cost
 
     def _context(self, seqs: list[Sequence]) -> int:
-        return _context(seqs, self.engine.target.reads_own_context)
+        return _context(seqs, self.target.reads_own_context)
 
     def forget(self, seqs: list[Sequence]) -> None:
         ids = {s.id for s in seqs}
@@ -266,7 +275,7 @@ class Scheduler:
         """Fold this step's choices for rows the draft model has fed into `draft_share` (a
         share learnt low still lets short prompts in, whose catch-up is cheap: if the draft
         then wins their steps, the share rises again)."""
-        draft = self.engine.proposers.get("draft")
+        draft = self.proposers.get("draft")
         if draft is None:
             return
         fed = [p[0] == "draft" and p[1] > 0 for s, p in zip(seqs, plan, strict=True)
@@ -284,7 +293,7 @@ class Scheduler:
     def _unseen(self, seq: Sequence) -> int:
         """Tokens of `seq` the draft model has not fed yet (it feeds a prompt lazily, and
         what other methods accepted when it drafts next)."""
-        draft = self.engine.proposers.get("draft")
+        draft = self.proposers.get("draft")
         return 0 if draft is None else len(seq.tokens) - draft.fed.get(seq.id, 0)
 
     def _options(self, seq: Sequence) -> list[tuple[str, int, _Estimate, int | None]]:
@@ -295,7 +304,7 @@ class Scheduler:
         k = seq.spec.num_speculative_tokens
         opts = []
         allowed = seq.spec.auto_methods
-        ngram = self.engine.proposers["ngram"]
+        ngram = self.proposers["ngram"]
         free = min(MAX_K, max(FREE_FACTOR * k, FREE_MIN), limit)
         chain, n = ngram.match(seq, free) if "ngram" in allowed else ([], 0)
         avail = len(chain)
@@ -305,7 +314,7 @@ class Scheduler:
         chains = {"ngram": (chain, buckets["ngram"])}
         if avail:
             opts.append(("ngram", avail, est, None))
-        suffix = self.engine.proposers["suffix"]
+        suffix = self.proposers["suffix"]
         # a full-length n-gram draft that is worth at least the best suffix draft could be
         # makes the suffix trie walk pointless this step (it costs about a millisecond)
         dominated = free and avail == free and est.gains(free)[-1] >= self._estimate(
@@ -325,12 +334,12 @@ class Scheduler:
         # per-position sample (verify.py), it then emits what plain sampling with its seed
         # emits, whatever auto chose step by step. Draft-model steps would change the tokens.
         seeded = seq.params.seed is not None and not seq.params.greedy
-        if "draft" in self.engine.proposers and "draft" in allowed and min(k, limit) > 0 \
+        if "draft" in self.proposers and "draft" in allowed and min(k, limit) > 0 \
                 and not seeded:  # fmt: skip
             opts.append(("draft", min(k, limit), self._estimate(seq, "draft"), None))
         size = min(MAX_K, HEAD_TREE * k, limit)  # heads draft deterministic trees
         for name in ("medusa", "eagle"):
-            p = self.engine.proposers.get(name)
+            p = self.proposers.get(name)
             if p is None or name not in allowed or size < 1 or not p.ready(seq):
                 continue
             depth = p.depth(size) if name == "medusa" else min(seq.spec.speculative_num_steps, size)
@@ -341,10 +350,10 @@ class Scheduler:
         """Cost of one eagle proposal: measured once eagle has run, modelled before that as
         one head step per depth, each about two target layers' worth of a decode step (a
         layer, plus its head and tree upkeep)."""
-        if "eagle" not in self.engine.proposers or not any(
+        if "eagle" not in self.proposers or not any(
                 "eagle" in seqs[i].spec.auto_methods for i in auto):  # fmt: skip
             return 0.0
-        layers = max(1, int(getattr(self.engine.target.config, "num_hidden_layers", 1)))
+        layers = max(1, int(getattr(self.target.config, "num_hidden_layers", 1)))
         depth = max(seqs[i].spec.speculative_num_steps for i in auto
                     if "eagle" in seqs[i].spec.auto_methods)  # fmt: skip
         return cost.propose_s("eagle", depth * 2 * cost.verify_s(1, 1) / layers)
@@ -416,7 +425,7 @@ class Scheduler:
             fixed_used.add(p[0])
             if p[0] in PRIOR:  # a head's tree is worth its depth, a chain its length
                 span = (
-                    self.engine.proposers[p[0]].depth(p[1])
+                    self.proposers[p[0]].depth(p[1])
                     if p[0] == "medusa"
                     else (
                         min(p[1], seqs[i].spec.speculative_num_steps) if p[0] == "eagle" else p[1]
@@ -504,7 +513,7 @@ class Scheduler:
             if goodput[di, ci] > best_g:
                 best_g, best_plan = float(goodput[di, ci]), (m[di, :, ci], k[di, :, ci])
         chains_only = fixed_used <= set(CHAINS) and not any(s.spec.use_tree_spec for s in seqs)
-        if self.engine.target.packs_rows and n > 1 and chains_only and top:
+        if self.target.packs_rows and n > 1 and chains_only and top:
             packed = self._packed(gain, fixed_tokens, fixed_rows, kds, cost, verify,
                                   draft_fwd, catch, propose, fixed_used, fixed_propose, fixed_dk)  # fmt: skip
             if packed[0] > best_g:
