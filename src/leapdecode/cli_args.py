@@ -14,13 +14,17 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target model folder (Hugging Face format)")
     p.add_argument("--draft", help="draft model folder, same tokenizer as the target")
     p.add_argument(
-        "--speculator", action="append", default=None, metavar="PATH",
+        "--speculator",
+        action="append",
+        default=None,
+        metavar="PATH",
         help="medusa / eagle heads folder (repeatable; default: <target>-medusa and "
         "<target>-eagle beside the target, when present)",
-    )  # fmt: skip
+    )
     p.add_argument("--backend", default="native", choices=["native", "transformers"])
-    p.add_argument("--device", default=None,
-                   help="cpu or cuda (default: $LEAPDECODE_DEVICE, else cpu)")  # fmt: skip
+    p.add_argument(
+        "--device", default=None, help="cpu or cuda (default: $LEAPDECODE_DEVICE, else cpu)"
+    )
     p.add_argument(
         "--dtype",
         default="auto",
@@ -34,51 +38,94 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help="the draft's dtype (default: the same as --dtype)",
     )
     p.add_argument(
-        "--compile", action=argparse.BooleanOptionalAction, default=False,
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="run the target's decode and verify steps through torch.compile (native backend, "
         "full attention; about 1.3-1.5x faster steps on CPU): compiled at start-up, about a "
         "minute a graph the first time (up to seven), seconds once cached in "
         "~/.cache/leapdecode (default: off; docs/compiled_step.md)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--threads", type=int, default=None,
+        "--threads",
+        type=int,
+        default=None,
         help="CPU threads for torch (default: $LEAPDECODE_THREADS, else the cores the machine's "
         "load leaves free, at least 1; see the README)",
-    )  # fmt: skip
+    )
 
 
 def add_draftless_args(p: argparse.ArgumentParser) -> None:
     """Options of the tree methods (suffix, lookahead, ngram trees, eagle)."""
     g = p.add_argument_group("tree methods (suffix, lookahead, ngram trees, eagle)")
-    g.add_argument("--tree", action="store_true",
-                   help="ngram, suffix: verify several candidates as one tree of at most k "
-                   "nodes (default: one chain)")  # fmt: skip
-    g.add_argument("--suffix-max-spec-factor", type=float, default=1.0,
-                   help="suffix: draft at most this x match length tokens (default 1.0)")  # fmt: skip
-    g.add_argument("--suffix-min-token-prob", type=float, default=0.1,
-                   help="suffix: stop a path below this probability (default 0.1)")  # fmt: skip
-    g.add_argument("--no-suffix-char-match", dest="suffix_char_match", action="store_false",
-                   help="suffix: match tokens only, not also the text's characters (which "
-                   "find the source again right after an edit; on by default, chains only)")  # fmt: skip
-    g.add_argument("--suffix-max-tree-depth", type=int, default=24,
-                   help="suffix: longest substring counted (default 24)")  # fmt: skip
-    g.add_argument("--suffix-max-cached-requests", type=int, default=10_000,
-                   help="suffix: earlier requests' outputs kept in the global tree (FIFO; "
-                   "0 = none; default 10000)")  # fmt: skip
+    g.add_argument(
+        "--tree",
+        action="store_true",
+        help="ngram, suffix: verify several candidates as one tree of at most k "
+        "nodes (default: one chain)",
+    )
+    g.add_argument(
+        "--suffix-max-spec-factor",
+        type=float,
+        default=1.0,
+        help="suffix: draft at most this x match length tokens (default 1.0)",
+    )
+    g.add_argument(
+        "--suffix-min-token-prob",
+        type=float,
+        default=0.1,
+        help="suffix: stop a path below this probability (default 0.1)",
+    )
+    g.add_argument(
+        "--no-suffix-char-match",
+        dest="suffix_char_match",
+        action="store_false",
+        help="suffix: match tokens only, not also the text's characters (which "
+        "find the source again right after an edit; on by default, chains only)",
+    )
+    g.add_argument(
+        "--suffix-max-tree-depth",
+        type=int,
+        default=24,
+        help="suffix: longest substring counted (default 24)",
+    )
+    g.add_argument(
+        "--suffix-max-cached-requests",
+        type=int,
+        default=10_000,
+        help="suffix: earlier requests' outputs kept in the global tree (FIFO; "
+        "0 = none; default 10000)",
+    )
     g.add_argument("--lookahead-window", type=int, default=3, help="lookahead: W (default 3)")
-    g.add_argument("--lookahead-ngram-size", type=int, default=3,
-                   help="lookahead: N, 3 or more (default 3)")  # fmt: skip
-    g.add_argument("--lookahead-max-candidates", type=int, default=3,
-                   help="lookahead: G, n-grams verified per step (default 3)")  # fmt: skip
-    g.add_argument("--speculative-num-steps", type=int, default=4,
-                   help="eagle: depth of the draft tree grown per step (default 4)")  # fmt: skip
-    g.add_argument("--speculative-eagle-topk", type=int, default=4,
-                   help="eagle: nodes kept per depth, each expanding as many children "
-                   "(default 4); --k is the tree's size after reranking")  # fmt: skip
-    g.add_argument("--auto-methods", default=",".join(AUTO_DEFAULT),
-                   help="auto: the methods it chooses from each step, of "
-                   f"{','.join(AUTO_CHOICES)} (default {','.join(AUTO_DEFAULT)}; "
-                   "the heads are opt-in: they need the target's hidden states every step)")  # fmt: skip
+    g.add_argument(
+        "--lookahead-ngram-size", type=int, default=3, help="lookahead: N, 3 or more (default 3)"
+    )
+    g.add_argument(
+        "--lookahead-max-candidates",
+        type=int,
+        default=3,
+        help="lookahead: G, n-grams verified per step (default 3)",
+    )
+    g.add_argument(
+        "--speculative-num-steps",
+        type=int,
+        default=4,
+        help="eagle: depth of the draft tree grown per step (default 4)",
+    )
+    g.add_argument(
+        "--speculative-eagle-topk",
+        type=int,
+        default=4,
+        help="eagle: nodes kept per depth, each expanding as many children "
+        "(default 4); --k is the tree's size after reranking",
+    )
+    g.add_argument(
+        "--auto-methods",
+        default=",".join(AUTO_DEFAULT),
+        help="auto: the methods it chooses from each step, of "
+        f"{','.join(AUTO_CHOICES)} (default {','.join(AUTO_DEFAULT)}; "
+        "the heads are opt-in: they need the target's hidden states every step)",
+    )
 
 
 def spec_options(args) -> dict:
@@ -105,8 +152,12 @@ def engine_options(args) -> dict:
 
 
 def add_generation_args(p: argparse.ArgumentParser, method_default: str) -> None:
-    p.add_argument("--method", default=method_default, choices=list(METHODS),
-                   help=f"how to speculate (default {method_default}: plain decoding)")  # fmt: skip
+    p.add_argument(
+        "--method",
+        default=method_default,
+        choices=list(METHODS),
+        help=f"how to speculate (default {method_default}: plain decoding)",
+    )
     p.add_argument("--k", type=int, default=4, help="draft tokens per step (default 4)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="(default 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")

@@ -208,8 +208,16 @@ def edit_swap_args(code: str, fn, rng: random.Random):
     return f"swap the parameters `{a}` and `{b}`", "".join(lines)
 
 
-EDITS = (edit_unchanged, edit_rename_arg, edit_rename_local, edit_rename_function,
-         edit_add_docstring, edit_add_comment, edit_remove_line, edit_swap_args)  # fmt: skip
+EDITS = (
+    edit_unchanged,
+    edit_rename_arg,
+    edit_rename_local,
+    edit_rename_function,
+    edit_add_docstring,
+    edit_add_comment,
+    edit_remove_line,
+    edit_swap_args,
+)
 
 
 def revision_document(code: str, rng: random.Random) -> str | None:

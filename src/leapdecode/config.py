@@ -46,8 +46,9 @@ class SamplingParams:
         p = self.top_p
         if not isinstance(p, int | float) or isinstance(p, bool) or math.isnan(p) or not 0 < p <= 1:
             raise LeapDecodeError(f"top-p must be in (0, 1] (1 = off), got {p!r}")
-        if self.seed is not None and (not _is_int(self.seed)
-                                      or not SEED_MIN <= self.seed <= SEED_MAX):  # fmt: skip
+        if self.seed is not None and (
+            not _is_int(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX
+        ):
             raise LeapDecodeError(
                 f"seed must be an integer from {SEED_MIN} to {SEED_MAX} (what torch's "
                 f"generators take), got {self.seed!r}"
@@ -117,8 +118,10 @@ class SpecConfig:
                 f"use_tree_spec must be true or false, got {self.use_tree_spec!r}"
             )
         if not isinstance(self.suffix_decoding_char_match, bool):
-            raise LeapDecodeError("suffix_decoding_char_match must be true or false, got "
-                                  f"{self.suffix_decoding_char_match!r}")  # fmt: skip
+            raise LeapDecodeError(
+                "suffix_decoding_char_match must be true or false, got "
+                f"{self.suffix_decoding_char_match!r}"
+            )
         f = self.suffix_decoding_max_spec_factor
         if not isinstance(f, int | float) or isinstance(f, bool) or not 0 <= f <= MAX_K:
             raise LeapDecodeError(
@@ -128,8 +131,14 @@ class SpecConfig:
         if not isinstance(p, int | float) or isinstance(p, bool) or not 0 <= p <= 1:
             raise LeapDecodeError(f"suffix_decoding_min_token_prob must be in [0, 1], got {p!r}")
         w, n, g = self.lookahead_window, self.lookahead_ngram_size, self.lookahead_max_candidates
-        if not (_is_int(w) and _is_int(n) and _is_int(g) and 1 <= w <= 32 and 3 <= n <= 16
-                and 0 <= g <= 32):  # fmt: skip
+        if not (
+            _is_int(w)
+            and _is_int(n)
+            and _is_int(g)
+            and 1 <= w <= 32
+            and 3 <= n <= 16
+            and 0 <= g <= 32
+        ):
             raise LeapDecodeError(
                 f"lookahead needs window 1..32, n-gram size 3..16 and candidates 0..32 "
                 f"(got W={w!r}, N={n!r}, G={g!r})"
@@ -195,8 +204,9 @@ class SpecConfig:
                 k = table_k
         return k
 
-    def with_overrides(self, method: str | None = None, k: int | None = None,
-                       k_table: tuple | None = None) -> SpecConfig:  # fmt: skip
+    def with_overrides(
+        self, method: str | None = None, k: int | None = None, k_table: tuple | None = None
+    ) -> SpecConfig:
         """This config with a request's own method, k and/or batch-size table (validated)."""
         changes = {}
         if method is not None:

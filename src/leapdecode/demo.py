@@ -67,10 +67,18 @@ def make_fallback_pair(root: str = FALLBACK_DIR) -> tuple[str, str]:
     tok = train_tokenizer(small, tok_dir, vocab_size=1024, val_percent=0.0)
     for path, (hidden, layers, seed) in ((target, (256, 4, 0)), (draft, (64, 1, 1))):
         torch.manual_seed(seed)
-        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
-                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
-                          max_position_embeddings=1024, tie_word_embeddings=True,
-                          eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id)  # fmt: skip
+        cfg = LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=1024,
+            tie_word_embeddings=True,
+            eos_token_id=tok.eos_token_id,
+            bos_token_id=tok.eos_token_id,
+        )
         LlamaForCausalLM(cfg).save_pretrained(path)
         tok.save_pretrained(path)
     return target, draft
@@ -90,8 +98,10 @@ def parse_methods(names: str | None) -> list[str] | None:
             f"--methods: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(METHODS)}"
         )
     if "auto" in wanted:
-        raise LeapDecodeError("--methods: auto needs a load to adapt to; try it with "
-                              "`leapdecode generate --method auto` or `leapdecode serve`")  # fmt: skip
+        raise LeapDecodeError(
+            "--methods: auto needs a load to adapt to; try it with "
+            "`leapdecode generate --method auto` or `leapdecode serve`"
+        )
     return ["none", *[m for m in wanted if m != "none"]]
 
 
@@ -110,8 +120,10 @@ def run_demo(args) -> int:
     if target is None or draft is None:
         if args.target:
             raise LeapDecodeError("the demo compares draft decoding too: pass --draft PATH as well")
-        console.print("[yellow]No embedded models in models/: using a small random pair "
-                      "(its output is not meaningful code).[/yellow]")  # fmt: skip
+        console.print(
+            "[yellow]No embedded models in models/: using a small random pair "
+            "(its output is not meaningful code).[/yellow]"
+        )
         target, draft = make_fallback_pair()
     names = parse_methods(args.methods)
     if args.prompt is not None and not args.prompt.strip():
@@ -119,13 +131,21 @@ def run_demo(args) -> int:
     prompt = args.prompt or DEMO_PROMPT
     console.print(f"target [bold]{target}[/bold]\ndraft  [bold]{draft}[/bold]")
     # no global suffix tree: the repeats would find the first repeat's own output in it
-    dec = LeapDecoder.from_pretrained(target, draft=draft, backend=args.backend,
-                                      device=args.device, dtype=args.dtype,
-                                      draft_dtype=args.draft_dtype,
-                                      speculators=args.speculator, compile=args.compile,
-                                      suffix_decoding_max_cached_requests=0)  # fmt: skip
-    methods = [(m, 0 if m == "none" else args.k or DEMO_K.get(m, 4))
-               for m in names or _default_methods(dec)]  # fmt: skip
+    dec = LeapDecoder.from_pretrained(
+        target,
+        draft=draft,
+        backend=args.backend,
+        device=args.device,
+        dtype=args.dtype,
+        draft_dtype=args.draft_dtype,
+        speculators=args.speculator,
+        compile=args.compile,
+        suffix_decoding_max_cached_requests=0,
+    )
+    methods = [
+        (m, 0 if m == "none" else args.k or DEMO_K.get(m, 4))
+        for m in names or _default_methods(dec)
+    ]
     # warm-up: no longer than the runs, so a prompt that fits them fits it too
     dec.generate(prompt, method="none", max_new_tokens=min(8, args.max_new_tokens))
     vllm = None if args.no_vllm else _vllm_rows(console, args, dec, target, draft, methods)
@@ -144,17 +164,20 @@ def run_demo(args) -> int:
                         runs[m].append((tokens, secs, (forwards, proposed, accepted)))
                         continue
                     t0 = time.perf_counter()  # timed as vLLM's rows are: call in, tokens out
-                    out = dec.generate(ids, method=m, k=max(k, 1),
-                                       max_new_tokens=args.max_new_tokens)  # fmt: skip
+                    out = dec.generate(
+                        ids, method=m, k=max(k, 1), max_new_tokens=args.max_new_tokens
+                    )
                     runs[m].append((out.token_ids, time.perf_counter() - t0, out.stats))
     finally:
         if vllm is not None:
             vllm.peers.close()
     base = runs["none"][0][0]
-    console.print(Syntax(prompt + dec.decode(base), "python", theme="ansi_dark",
-                         line_numbers=False))  # fmt: skip
-    table = Table(title=f"Greedy, at most {args.max_new_tokens} new tokens, median of "
-                  f"{args.repeats}")  # fmt: skip
+    console.print(
+        Syntax(prompt + dec.decode(base), "python", theme="ansi_dark", line_numbers=False)
+    )
+    table = Table(
+        title=f"Greedy, at most {args.max_new_tokens} new tokens, median of {args.repeats}"
+    )
     for col in (
         "method",
         "k",
@@ -178,8 +201,15 @@ def run_demo(args) -> int:
         else:
             per_fwd, rate = s.mean_accepted_tokens, f"{s.acceptance_rate:.2f}" if k else "-"
         same = all(t == base for t, _, _ in runs[m])
-        table.add_row(m, str(k), f"{tps(m):.1f}", f"{per_fwd:.2f}", rate,
-                      f"{tps(m) / tps('none'):.2f}x", "yes" if same else "NO")  # fmt: skip
+        table.add_row(
+            m,
+            str(k),
+            f"{tps(m):.1f}",
+            f"{per_fwd:.2f}",
+            rate,
+            f"{tps(m) / tps('none'):.2f}x",
+            "yes" if same else "NO",
+        )
     console.print(table)
     if vllm is None and not args.no_vllm:
         console.print("vLLM's rows are shown when its CPU build is there: bash bench/vllm_env.sh")
@@ -202,7 +232,7 @@ def _vllm_rows(console, args, dec, target: str, draft: str | None, methods) -> _
         VllmPeers,
         dtype_name,
         export_eagle3,
-        find_python,  # fmt: skip
+        find_python,
         spec_config,
     )
 
@@ -216,14 +246,29 @@ def _vllm_rows(console, args, dec, target: str, draft: str | None, methods) -> _
     try:
         eagle3 = None
         if any(n == "vllm-eagle3" for n, _ in names):
-            eagle3 = export_eagle3(args.speculator, target, os.path.join(LOGS, "eagle3-head"),
-                                   dtype)  # fmt: skip
-        configs = [(label, spec_config(n, k, draft=os.path.abspath(draft) if draft else None,
-                                       eagle3=eagle3)) for label, n, k in labels]  # fmt: skip
-        console.print(f"vLLM's rows: loading {len(configs)} vLLM engines from {python} (about a "
-                      "minute each; --no-vllm skips them)")  # fmt: skip
-        peers = VllmPeers(python, target, configs, dtype, dec.target.max_context,
-                          torch.get_num_threads(), vocab_size=dec.target.vocab_size)  # fmt: skip
+            eagle3 = export_eagle3(
+                args.speculator, target, os.path.join(LOGS, "eagle3-head"), dtype
+            )
+        configs = [
+            (
+                label,
+                spec_config(n, k, draft=os.path.abspath(draft) if draft else None, eagle3=eagle3),
+            )
+            for label, n, k in labels
+        ]
+        console.print(
+            f"vLLM's rows: loading {len(configs)} vLLM engines from {python} (about a "
+            "minute each; --no-vllm skips them)"
+        )
+        peers = VllmPeers(
+            python,
+            target,
+            configs,
+            dtype,
+            dec.target.max_context,
+            torch.get_num_threads(),
+            vocab_size=dec.target.vocab_size,
+        )
     except LeapDecodeError as e:
         console.print(f"[yellow]vLLM's rows are left out: {e}[/yellow]")
         return None

@@ -49,8 +49,14 @@ class Frontend:
     generation; vocab_size, max_context: the target's; check: refuses a SpecConfig the engine
     cannot run (Engine.check, or engine.check_spec with the engine's capabilities)."""
 
-    def __init__(self, tokenizer, eos_token_ids, vocab_size: int, max_context: int,
-                 check: Callable[[SpecConfig], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tokenizer,
+        eos_token_ids,
+        vocab_size: int,
+        max_context: int,
+        check: Callable[[SpecConfig], None],
+    ) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.vocab_size = vocab_size
@@ -132,9 +138,14 @@ class Frontend:
                     f"ngram_min, ngram_max, draft_min_prob, spec, or a SpecConfig field "
                     f"({', '.join(sorted(fields))})"
                 )
-            spec = SpecConfig(method=method, num_speculative_tokens=k, prompt_lookup_min=ngram_min,
-                              prompt_lookup_max=ngram_max, draft_min_prob=draft_min_prob,
-                              **spec_options)  # fmt: skip
+            spec = SpecConfig(
+                method=method,
+                num_speculative_tokens=k,
+                prompt_lookup_min=ngram_min,
+                prompt_lookup_max=ngram_max,
+                draft_min_prob=draft_min_prob,
+                **spec_options,
+            )
         elif spec_options:
             raise LeapDecodeError("pass either spec= or SpecConfig fields as options, not both")
         self.check(spec)

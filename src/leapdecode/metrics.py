@@ -91,38 +91,63 @@ class EngineMetrics:
 
         r = self.registry = CollectorRegistry()
         ns = "leapdecode:"
-        self.requests = Counter(ns + "requests", "Finished requests by status", ["status"],
-                                registry=r)  # fmt: skip
+        self.requests = Counter(
+            ns + "requests", "Finished requests by status", ["status"], registry=r
+        )
         self.running = Gauge(ns + "num_requests_running", "Sequences in KV slots", registry=r)
         self.waiting = Gauge(ns + "num_requests_waiting", "Requests waiting for a slot", registry=r)
         self.prompt_tokens = Counter(ns + "prompt_tokens", "Prefilled prompt tokens", registry=r)
         self.generation_tokens = Counter(ns + "generation_tokens", "Generated tokens", registry=r)
-        self.draft_tokens = Counter(ns + "spec_decode_num_draft_tokens",
-                                    "Draft tokens proposed", registry=r)  # fmt: skip
-        self.accepted_tokens = Counter(ns + "spec_decode_num_accepted_tokens",
-                                       "Draft tokens accepted", registry=r)  # fmt: skip
-        self.accepted_per_pos = Counter(ns + "spec_decode_num_accepted_tokens_per_pos",
-                                        "Draft tokens accepted by draft position", ["position"],
-                                        registry=r)  # fmt: skip
-        self.proposed_per_pos = Counter(ns + "spec_decode_num_draft_tokens_per_pos",
-                                        "Draft tokens proposed by draft position", ["position"],
-                                        registry=r)  # fmt: skip
-        self.decode_forwards = Counter(ns + "spec_decode_num_target_forwards",
-                                       "Target decode (verify) forwards, summed over sequences",
-                                       registry=r)  # fmt: skip
-        self.acceptance_rate = Gauge(ns + "spec_decode_acceptance_rate",
-                                     "Accepted / proposed draft tokens since start", registry=r)  # fmt: skip
-        self.mean_accepted = Gauge(ns + "spec_decode_mean_accepted_tokens",
-                                   "Tokens per target decode forward (bonus token counted)",
-                                   registry=r)  # fmt: skip
+        self.draft_tokens = Counter(
+            ns + "spec_decode_num_draft_tokens", "Draft tokens proposed", registry=r
+        )
+        self.accepted_tokens = Counter(
+            ns + "spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=r
+        )
+        self.accepted_per_pos = Counter(
+            ns + "spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted by draft position",
+            ["position"],
+            registry=r,
+        )
+        self.proposed_per_pos = Counter(
+            ns + "spec_decode_num_draft_tokens_per_pos",
+            "Draft tokens proposed by draft position",
+            ["position"],
+            registry=r,
+        )
+        self.decode_forwards = Counter(
+            ns + "spec_decode_num_target_forwards",
+            "Target decode (verify) forwards, summed over sequences",
+            registry=r,
+        )
+        self.acceptance_rate = Gauge(
+            ns + "spec_decode_acceptance_rate",
+            "Accepted / proposed draft tokens since start",
+            registry=r,
+        )
+        self.mean_accepted = Gauge(
+            ns + "spec_decode_mean_accepted_tokens",
+            "Tokens per target decode forward (bonus token counted)",
+            registry=r,
+        )
         lat = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
-        self.ttft = Histogram(ns + "time_to_first_token_seconds", "Arrival to first token",
-                              buckets=lat, registry=r)  # fmt: skip
-        self.itl = Histogram(ns + "inter_token_latency_seconds", "Time per output token after "
-                             "the first", buckets=lat, registry=r)  # fmt: skip
+        self.ttft = Histogram(
+            ns + "time_to_first_token_seconds", "Arrival to first token", buckets=lat, registry=r
+        )
+        self.itl = Histogram(
+            ns + "inter_token_latency_seconds",
+            "Time per output token after the first",
+            buckets=lat,
+            registry=r,
+        )
         self.step_time = Histogram(ns + "step_seconds", "One engine step", buckets=lat, registry=r)
-        self.k_chosen = Histogram(ns + "spec_decode_k", "Draft tokens per sequence and step",
-                                  buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64), registry=r)  # fmt: skip
+        self.k_chosen = Histogram(
+            ns + "spec_decode_k",
+            "Draft tokens per sequence and step",
+            buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64),
+            registry=r,
+        )
         self._proposed = self._accepted = self._steps = 0
 
     def on_step(self, engine, step_s: float, out) -> None:

@@ -41,7 +41,6 @@ class Sequence:
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     arrival_s: float = field(default_factory=time.perf_counter)
-    method_used: str = ""  # the method of the last step that drafted (auto picks per step)
 
     _uniforms: list[float] = field(default_factory=list, repr=False)
 
@@ -55,20 +54,32 @@ class Sequence:
     def to_wire(self) -> dict:
         """What another process needs to rebuild this request (`from_wire`): no callables,
         and the sampling streams as their seeds (a fresh request has drawn nothing yet)."""
-        return dict(id=self.id, tokens=list(self.tokens), prompt_len=self.prompt_len,
-                    params=self.params, max_new_tokens=self.max_new_tokens,
-                    max_context=self.max_context, stop_token_ids=self.stop_token_ids,
-                    stop_strings=self.stop_strings, spec=self.spec, arrival_s=self.arrival_s,
-                    seed=self.generator.initial_seed(),
-                    draft_seed=self.draft_generator.initial_seed())  # fmt: skip
+        return dict(
+            id=self.id,
+            tokens=list(self.tokens),
+            prompt_len=self.prompt_len,
+            params=self.params,
+            max_new_tokens=self.max_new_tokens,
+            max_context=self.max_context,
+            stop_token_ids=self.stop_token_ids,
+            stop_strings=self.stop_strings,
+            spec=self.spec,
+            arrival_s=self.arrival_s,
+            seed=self.generator.initial_seed(),
+            draft_seed=self.draft_generator.initial_seed(),
+        )
 
     @classmethod
     def from_wire(cls, wire: dict, decode) -> Sequence:
         """The request `to_wire` described; decode: tokens -> str, for stop strings."""
         wire = dict(wire)
         seed, draft_seed = wire.pop("seed"), wire.pop("draft_seed")
-        return cls(**wire, decode=decode, generator=torch.Generator().manual_seed(seed),
-                   draft_generator=torch.Generator().manual_seed(draft_seed))  # fmt: skip
+        return cls(
+            **wire,
+            decode=decode,
+            generator=torch.Generator().manual_seed(seed),
+            draft_generator=torch.Generator().manual_seed(draft_seed),
+        )
 
     @property
     def output(self) -> list[int]:

@@ -55,8 +55,14 @@ NAMES = {
 }
 
 
-def export_speculators(head_dir: str, target_dir: str, out: str, verifier: str | None = None,
-                       speculative_tokens: int = 3, dtype: str = "bfloat16") -> dict:  # fmt: skip
+def export_speculators(
+    head_dir: str,
+    target_dir: str,
+    out: str,
+    verifier: str | None = None,
+    speculative_tokens: int = 3,
+    dtype: str = "bfloat16",
+) -> dict:
     """Write `out` (config.json + model.safetensors); returns the config."""
     head = Eagle3Head.load(head_dir)
     cfg_path = os.path.join(target_dir, "config.json")
@@ -89,15 +95,24 @@ def export_speculators(head_dir: str, target_dir: str, out: str, verifier: str |
     embed = _target_embeddings(target_dir)
     tensors["embed_tokens.weight"] = embed.to(torch_dtype).contiguous()
     layer = {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"],
-        "hidden_size": head.hidden, "num_attention_heads": head.heads,
-        "num_key_value_heads": head.kv_heads, "head_dim": head.head_dim,
-        "intermediate_size": head.intermediate, "hidden_act": "silu",
-        "rms_norm_eps": head.eps, "rope_theta": head.rope_theta, "rope_scaling": None,
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": head.hidden,
+        "num_attention_heads": head.heads,
+        "num_key_value_heads": head.kv_heads,
+        "head_dim": head.head_dim,
+        "intermediate_size": head.intermediate,
+        "hidden_act": "silu",
+        "rms_norm_eps": head.eps,
+        "rope_theta": head.rope_theta,
+        "rope_scaling": None,
         "max_position_embeddings": int(target_cfg.get("max_position_embeddings", 4096)),
-        "num_hidden_layers": 1, "vocab_size": head.vocab_size,
-        "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
-    }  # fmt: skip
+        "num_hidden_layers": 1,
+        "vocab_size": head.vocab_size,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+    }
     config = {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
@@ -122,7 +137,7 @@ def export_speculators(head_dir: str, target_dir: str, out: str, verifier: str |
                 "name_or_path": verifier or os.path.abspath(target_dir),
                 "architectures": target_cfg.get("architectures", ["LlamaForCausalLM"]),
             },
-        },  # fmt: skip
+        },
         "torch_dtype": dtype,
         "tie_word_embeddings": False,
     }
@@ -135,9 +150,11 @@ def export_speculators(head_dir: str, target_dir: str, out: str, verifier: str |
         save_file(tensors, weights, metadata={"format": "pt"})
         shutil.copymode(cfg_path, weights)  # safetensors writes 0600: as readable as the config
     except (OSError, SafetensorError) as e:
-        raise LeapDecodeError(f"cannot write the export to {out!r}: "
-                              f"{getattr(e, 'strerror', None) or e}: choose a writable --out "
-                              "folder") from None  # fmt: skip
+        raise LeapDecodeError(
+            f"cannot write the export to {out!r}: "
+            f"{getattr(e, 'strerror', None) or e}: choose a writable --out "
+            "folder"
+        ) from None
     return config
 
 

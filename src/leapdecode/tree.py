@@ -51,8 +51,9 @@ def depths(mask: torch.Tensor) -> torch.Tensor:
     return mask.sum(-1) - 1
 
 
-def path_to(parents: torch.Tensor, counts: torch.Tensor, node: torch.Tensor,
-            depth: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def path_to(
+    parents: torch.Tensor, counts: torch.Tensor, node: torch.Tensor, depth: torch.Tensor
+) -> torch.Tensor:
     """Input indices of the nodes from the root's child down to `node` [B]: [B, max depth],
     right-padded with 0 (row b holds depth[b, node[b]] entries)."""
     full = full_parents(parents, counts)  # [B, T]

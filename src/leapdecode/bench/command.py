@@ -77,8 +77,12 @@ def add_parsers(sub, model_args) -> None:
         default=None,
         help="our draft's head: N most frequent tokens (default: the draft folder's)",
     )
-    run.add_argument("--draft-min-prob", type=float, default=0.0,
-                     help="draft confidence cut-off, ours and assisted generation's alike")  # fmt: skip
+    run.add_argument(
+        "--draft-min-prob",
+        type=float,
+        default=0.0,
+        help="draft confidence cut-off, ours and assisted generation's alike",
+    )
     run.add_argument("--prompts", default=PROMPTS, help="folder of <category>.jsonl files")
     run.add_argument("--out", default=os.path.join("bench", "results"))
     run.add_argument("--categories", default="completion,revision,grounded,free")
@@ -87,24 +91,41 @@ def add_parsers(sub, model_args) -> None:
     run.add_argument("--draft-k", default="2,3,4,6")
     run.add_argument("--ngram-k", default="4,8,16")
     run.add_argument("--suffix-k", default="8,16", help="k for suffix (path mode)")
-    run.add_argument("--suffix-tokens-only", action="store_true",
-                     help="also run each suffix setting matching tokens only (without the "
-                     "text's characters), for comparison")  # fmt: skip
-    run.add_argument("--suffix-spec-factor", default="1", metavar="F,...",
-                     help="suffix's draft caps tried at each k: at most F x the match length "
-                     "(suffix_decoding_max_spec_factor; default 1, as vLLM)")  # fmt: skip
-    run.add_argument("--tree-k", default="16",
-                     help="node budgets for the tree modes (ngram-tree, suffix-tree)")  # fmt: skip
-    run.add_argument("--lookahead", default="2x3x2,3x3x3,4x3x2,3x4x3", metavar="WxNxG,...",
-                     help="lookahead settings: window W x n-gram size N x candidates G")  # fmt: skip
+    run.add_argument(
+        "--suffix-tokens-only",
+        action="store_true",
+        help="also run each suffix setting matching tokens only (without the "
+        "text's characters), for comparison",
+    )
+    run.add_argument(
+        "--suffix-spec-factor",
+        default="1",
+        metavar="F,...",
+        help="suffix's draft caps tried at each k: at most F x the match length "
+        "(suffix_decoding_max_spec_factor; default 1, as vLLM)",
+    )
+    run.add_argument(
+        "--tree-k", default="16", help="node budgets for the tree modes (ngram-tree, suffix-tree)"
+    )
+    run.add_argument(
+        "--lookahead",
+        default="2x3x2,3x3x3,4x3x2,3x4x3",
+        metavar="WxNxG,...",
+        help="lookahead settings: window W x n-gram size N x candidates G",
+    )
     # sizes from a calibration on the embedded pair (completion and free, 8 prompts each: eagle
     # at k 4-16 x depth 3-6, medusa at 4 and 8): eagle peaked at 6-12 nodes, depth 4
-    run.add_argument("--medusa-k", default="4,8",
-                     help="tree sizes for medusa (when the target has heads)")  # fmt: skip
-    run.add_argument("--eagle-k", default="6,12",
-                     help="tree sizes for eagle (when the target has a head)")  # fmt: skip
-    run.add_argument("--eagle-depth", default="4",
-                     help="eagle tree depths (speculative_num_steps) tried at each size")  # fmt: skip
+    run.add_argument(
+        "--medusa-k", default="4,8", help="tree sizes for medusa (when the target has heads)"
+    )
+    run.add_argument(
+        "--eagle-k", default="6,12", help="tree sizes for eagle (when the target has a head)"
+    )
+    run.add_argument(
+        "--eagle-depth",
+        default="4",
+        help="eagle tree depths (speculative_num_steps) tried at each size",
+    )
     run.add_argument(
         "--peer-draft-k", default=None, help="k for assisted generation (default: --draft-k)"
     )
@@ -112,24 +133,37 @@ def add_parsers(sub, model_args) -> None:
         "--peer-ngram-k", default=None, help="k for prompt lookup (default: --ngram-k)"
     )
     run.add_argument("--no-peers", action="store_true", help="skip the transformers peers")
-    run.add_argument("--vllm-python", default=None, metavar="PATH",
-                     help="the vLLM environment's interpreter (default: $LEAPDECODE_VLLM_PYTHON, "
-                     "else .venv-vllm/bin/python when `bash bench/vllm_env.sh` built it)")  # fmt: skip
+    run.add_argument(
+        "--vllm-python",
+        default=None,
+        metavar="PATH",
+        help="the vLLM environment's interpreter (default: $LEAPDECODE_VLLM_PYTHON, "
+        "else .venv-vllm/bin/python when `bash bench/vllm_env.sh` built it)",
+    )
     run.add_argument("--no-vllm", action="store_true", help="skip the vLLM peers")
     run.add_argument("--vllm-draft-k", default="2,3", help="k for vLLM's draft_model")
     run.add_argument("--vllm-ngram-k", default=None, help="k for vLLM's ngram (default: --ngram-k)")
-    run.add_argument("--vllm-suffix-k", default=None,
-                     help="k for vLLM's suffix (default: --suffix-k)")  # fmt: skip
-    run.add_argument("--vllm-eagle-k", default="2,3,4",
-                     help="k for vLLM's eagle3 with our exported head (a chain of k)")  # fmt: skip
-    run.add_argument("--vllm-leap-k", default=None,
-                     help="k for our proposers inside vLLM (default: the largest --ngram-k "
-                     "and --suffix-k)")  # fmt: skip
-    run.add_argument("--methods", default=None,
-                     help="only these, comma-separated (none, draft, ngram, ngram-tree, suffix, "
-                     "suffix-tree, lookahead, medusa, eagle, hf-generate, hf-assisted, "
-                     "hf-lookup, vllm, vllm-ngram, vllm-draft, vllm-suffix, vllm-eagle3, "
-                     "vllm-leap-suffix, vllm-leap-ngram)")  # fmt: skip
+    run.add_argument(
+        "--vllm-suffix-k", default=None, help="k for vLLM's suffix (default: --suffix-k)"
+    )
+    run.add_argument(
+        "--vllm-eagle-k",
+        default="2,3,4",
+        help="k for vLLM's eagle3 with our exported head (a chain of k)",
+    )
+    run.add_argument(
+        "--vllm-leap-k",
+        default=None,
+        help="k for our proposers inside vLLM (default: the largest --ngram-k and --suffix-k)",
+    )
+    run.add_argument(
+        "--methods",
+        default=None,
+        help="only these, comma-separated (none, draft, ngram, ngram-tree, suffix, "
+        "suffix-tree, lookahead, medusa, eagle, hf-generate, hf-assisted, "
+        "hf-lookup, vllm, vllm-ngram, vllm-draft, vllm-suffix, vllm-eagle3, "
+        "vllm-leap-suffix, vllm-leap-ngram)",
+    )
     from .serve import add_parser as add_serve
     from .serve import add_soak_parser
 
@@ -139,10 +173,16 @@ def add_parsers(sub, model_args) -> None:
 
     add_repeated(what, model_args)
 
-    run.add_argument("--fresh", action="store_true",
-                     help="start over instead of resuming an interrupted run of the same settings")  # fmt: skip
-    run.add_argument("--quick", action="store_true",
-                     help="smoke run: 2 prompts a category, 32 tokens, one round, one k each")  # fmt: skip
+    run.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start over instead of resuming an interrupted run of the same settings",
+    )
+    run.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 2 prompts a category, 32 tokens, one round, one k each",
+    )
 
 
 def cmd_prompts(args) -> int:
@@ -210,10 +250,14 @@ def cmd_run(args) -> int:
                 f"unknown method {sorted(unknown)[0] if unknown else ''!r} in --methods: use "
                 f"{', '.join([*runner.OURS, *runner.PEERS, *runner.VLLM])}"
             )
-    vllm_ks = {"vllm-draft": _ks(args.vllm_draft_k, "--vllm-draft-k"),
-               "vllm-eagle3": _ks(args.vllm_eagle_k, "--vllm-eagle-k"),
-               "vllm-ngram": _ks(args.vllm_ngram_k, "--vllm-ngram-k") if args.vllm_ngram_k else ngram_ks,
-               "vllm-suffix": _ks(args.vllm_suffix_k, "--vllm-suffix-k") if args.vllm_suffix_k else suffix_ks}  # fmt: skip
+    vllm_ks = {
+        "vllm-draft": _ks(args.vllm_draft_k, "--vllm-draft-k"),
+        "vllm-eagle3": _ks(args.vllm_eagle_k, "--vllm-eagle-k"),
+        "vllm-ngram": _ks(args.vllm_ngram_k, "--vllm-ngram-k") if args.vllm_ngram_k else ngram_ks,
+        "vllm-suffix": _ks(args.vllm_suffix_k, "--vllm-suffix-k")
+        if args.vllm_suffix_k
+        else suffix_ks,
+    }
     leap_ks = _ks(args.vllm_leap_k, "--vllm-leap-k") if args.vllm_leap_k else None
     if args.quick:
         vllm_ks = {name: ks[:1] for name, ks in vllm_ks.items()}
@@ -235,28 +279,60 @@ def cmd_run(args) -> int:
         sets = {c: rows[:per_cat] for c, rows in sets.items()}
 
     dec = LeapDecoder.from_pretrained(
-        target, draft=draft, device=args.device, dtype=args.dtype, draft_dtype=args.draft_dtype,
-        draft_vocab=args.draft_vocab, threads=args.threads, speculators=args.speculator,
+        target,
+        draft=draft,
+        device=args.device,
+        dtype=args.dtype,
+        draft_dtype=args.draft_dtype,
+        draft_vocab=args.draft_vocab,
+        threads=args.threads,
+        speculators=args.speculator,
         compile=args.compile,
-    )  # fmt: skip
+    )
     peers = None if args.no_peers else HFPeers(target, draft, args.dtype, args.draft_dtype)
     heads = dec.engine.proposers
-    methods = runner.method_list(draft_ks, ngram_ks, peer_ks, draft is not None, peers is not None,
-                                 tree_ks, suffix_ks, lookaheads,
-                                 medusa_ks if "medusa" in heads else (),
-                                 eagle_ks if "eagle" in heads else (), eagle_depths,
-                                 factors, args.suffix_tokens_only)  # fmt: skip
+    methods = runner.method_list(
+        draft_ks,
+        ngram_ks,
+        peer_ks,
+        draft is not None,
+        peers is not None,
+        tree_ks,
+        suffix_ks,
+        lookaheads,
+        medusa_ks if "medusa" in heads else (),
+        eagle_ks if "eagle" in heads else (),
+        eagle_depths,
+        factors,
+        args.suffix_tokens_only,
+    )
     if vllm_python is not None:
-        methods += runner.vllm_method_list(vllm_ks, draft is not None, "eagle" in heads,
-                                           leap_ks or [max(ngram_ks)], leap_ks or [max(suffix_ks)])  # fmt: skip
+        methods += runner.vllm_method_list(
+            vllm_ks,
+            draft is not None,
+            "eagle" in heads,
+            leap_ks or [max(ngram_ks)],
+            leap_ks or [max(suffix_ks)],
+        )
     if keep:
         methods = [m for m in methods if m.name in keep]
     if not methods:
-        raise LeapDecodeError(f"--methods {args.methods}: none of these can run here (no vLLM "
-                              "environment, no draft or no heads); see the lines above")  # fmt: skip
-    costs = runner.measure_costs(dec, sorted({*draft_ks, *ngram_ks, *suffix_ks, *tree_ks,
-                                               *(m.k for m in methods if m.name in
-                                                 ("lookahead", "medusa", "eagle"))}))  # fmt: skip
+        raise LeapDecodeError(
+            f"--methods {args.methods}: none of these can run here (no vLLM "
+            "environment, no draft or no heads); see the lines above"
+        )
+    costs = runner.measure_costs(
+        dec,
+        sorted(
+            {
+                *draft_ks,
+                *ngram_ks,
+                *suffix_ks,
+                *tree_ks,
+                *(m.k for m in methods if m.name in ("lookahead", "medusa", "eagle")),
+            }
+        ),
+    )
     t0 = time.perf_counter()
     partial = os.path.join(args.out, "partial.jsonl")
     if args.fresh and os.path.isfile(partial):
@@ -266,9 +342,18 @@ def cmd_run(args) -> int:
         if any(m.vllm for m in methods):
             vllm = _vllm_peers(args, vllm_python, target, draft, dec, methods)
             t0 = time.perf_counter()  # the run's time, not the engines' loading
-        records = runner.run(dec, peers, sets, methods, repeats, cap, args.draft_min_prob, partial,
-                             _signature(args, target, draft, dec, sets, methods, repeats, cap),
-                             vllm)  # fmt: skip
+        records = runner.run(
+            dec,
+            peers,
+            sets,
+            methods,
+            repeats,
+            cap,
+            args.draft_min_prob,
+            partial,
+            _signature(args, target, draft, dec, sets, methods, repeats, cap),
+            vllm,
+        )
     finally:
         if vllm is not None:
             vllm.close()
@@ -286,17 +371,25 @@ def cmd_run(args) -> int:
     mism = lossless.check(records, logits_fn, dec.target.dtype, prompts)
     meta = _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed)
     if vllm is not None:
-        meta["vllm"] = {"python": vllm_python, "load_s": vllm.load_s, "version": vllm.version,
-                        "logs": vllm.log_dir}  # fmt: skip
-        meta["setup"] += (f" vLLM {vllm.version} (CPU build, its offline LLM API, one engine per "
-                          "configuration, each loaded before the run; timed inside its worker "
-                          "from LLM.generate in to its last token out).")  # fmt: skip
+        meta["vllm"] = {
+            "python": vllm_python,
+            "load_s": vllm.load_s,
+            "version": vllm.version,
+            "logs": vllm.log_dir,
+        }
+        meta["setup"] += (
+            f" vLLM {vllm.version} (CPU build, its offline LLM API, one engine per "
+            "configuration, each loaded before the run; timed inside its worker "
+            "from LLM.generate in to its last token out)."
+        )
     cells = report.aggregate(records, costs, mism)
     paths = report.write(cells, meta, args.out)
     _summary(cells)
     os.remove(partial)
-    print(f"{len(records)} prompt x method cells in {elapsed:.0f} s; wrote {paths['markdown']}, "
-          f"{paths['json']} and {paths['plots']}")  # fmt: skip
+    print(
+        f"{len(records)} prompt x method cells in {elapsed:.0f} s; wrote {paths['markdown']}, "
+        f"{paths['json']} and {paths['plots']}"
+    )
     return 0
 
 
@@ -308,12 +401,26 @@ def _vllm_peers(args, python, target, draft, dec, methods):
     eagle3 = None
     if any(m.name == "vllm-eagle3" for m in methods):
         eagle3 = export_eagle3(args.speculator, target, os.path.join(LOGS, "eagle3-head"), dtype)
-    configs = [(m.label, spec_config(m.name, m.k, draft=os.path.abspath(draft) if draft else None,
-                                     eagle3=eagle3))
-               for m in methods if m.vllm]  # fmt: skip
-    return VllmPeers(python, target, configs, dtype, dec.target.max_context,
-                     torch.get_num_threads(), vocab_size=dec.target.vocab_size,
-                     warm_up=BENCH_WARM_UP)  # fmt: skip
+    configs = [
+        (
+            m.label,
+            spec_config(
+                m.name, m.k, draft=os.path.abspath(draft) if draft else None, eagle3=eagle3
+            ),
+        )
+        for m in methods
+        if m.vllm
+    ]
+    return VllmPeers(
+        python,
+        target,
+        configs,
+        dtype,
+        dec.target.max_context,
+        torch.get_num_threads(),
+        vocab_size=dec.target.vocab_size,
+        warm_up=BENCH_WARM_UP,
+    )
 
 
 def _signature(args, target, draft, dec, sets, methods, repeats, cap) -> dict:
@@ -328,21 +435,30 @@ def _signature(args, target, draft, dec, sets, methods, repeats, cap) -> dict:
         if not path:
             return None
         files = sorted(f for f in os.listdir(path) if f.endswith((".safetensors", ".json")))
-        st = [(f, os.path.getsize(os.path.join(path, f)),
-               os.stat(os.path.join(path, f)).st_mtime_ns) for f in files]  # fmt: skip
+        st = [
+            (f, os.path.getsize(os.path.join(path, f)), os.stat(os.path.join(path, f)).st_mtime_ns)
+            for f in files
+        ]
         return [os.path.abspath(path), st]
 
     rows = [(r["id"], r["prompt"], r["max_new_tokens"]) for v in sets.values() for r in v]
     prompts = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
     return {
-        "target": stamp(target), "draft": stamp(draft),
+        "target": stamp(target),
+        "draft": stamp(draft),
         "speculators": [stamp(p) for p in (args.speculator or beside(target))],
-        "dtype": str(dec.target.dtype), "draft_dtype": str(dec.draft.dtype) if dec.draft else None,
+        "dtype": str(dec.target.dtype),
+        "draft_dtype": str(dec.draft.dtype) if dec.draft else None,
         "draft_vocab": args.draft_vocab,
-        "device": str(dec.target.device), "threads": torch.get_num_threads(),
-        "methods": [m.label for m in methods], "repeats": repeats, "cap": cap,
-        "draft_min_prob": args.draft_min_prob, "prompts": prompts, "torch": torch.__version__,
-    }  # fmt: skip
+        "device": str(dec.target.device),
+        "threads": torch.get_num_threads(),
+        "methods": [m.label for m in methods],
+        "repeats": repeats,
+        "cap": cap,
+        "draft_min_prob": args.draft_min_prob,
+        "prompts": prompts,
+        "torch": torch.__version__,
+    }
 
 
 def _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed) -> dict:
@@ -372,13 +488,23 @@ def _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed) -> dict:
         f"torch {torch.__version__}; run took {elapsed / 60:.1f} min."
     )
     return {
-        "title": "quick smoke run" if args.quick
-        else "partial run" if args.per_category else "full run",
-        "setup": setup, "costs": costs, "costs_line": cost_line,
-        "target": target, "draft": draft, "repeats": repeats, "max_new_tokens_cap": cap,
-        "quick": args.quick, "seconds": elapsed, "torch": torch.__version__,
+        "title": "quick smoke run"
+        if args.quick
+        else "partial run"
+        if args.per_category
+        else "full run",
+        "setup": setup,
+        "costs": costs,
+        "costs_line": cost_line,
+        "target": target,
+        "draft": draft,
+        "repeats": repeats,
+        "max_new_tokens_cap": cap,
+        "quick": args.quick,
+        "seconds": elapsed,
+        "torch": torch.__version__,
         "draft_min_prob": args.draft_min_prob,
-    }  # fmt: skip
+    }
 
 
 def _summary(cells) -> None:
@@ -410,7 +536,11 @@ def cmd_serve(args) -> int:
     args.concurrency = _ks(args.concurrency, "--concurrency")
     args.vllm_ngram_k = _ks(args.vllm_ngram_k, "--vllm-ngram-k")
     bad = {c.strip() for c in (args.vllm_configs or "").split(",") if c.strip()} - {
-        "none", "ngram", "eagle3", "dynamic"}  # fmt: skip
+        "none",
+        "ngram",
+        "eagle3",
+        "dynamic",
+    }
     if bad:
         raise LeapDecodeError(
             f"--vllm-configs takes none, ngram, eagle3, dynamic, not {sorted(bad)[0]!r}"
@@ -444,5 +574,10 @@ def cmd_soak(args) -> int:
 def cmd_bench(args) -> int:
     from .repeated import cmd_repeated
 
-    return {"prompts": cmd_prompts, "run": cmd_run, "serve": cmd_serve,
-            "soak": cmd_soak, "repeated": cmd_repeated}[args.what](args)  # fmt: skip
+    return {
+        "prompts": cmd_prompts,
+        "run": cmd_run,
+        "serve": cmd_serve,
+        "soak": cmd_soak,
+        "repeated": cmd_repeated,
+    }[args.what](args)

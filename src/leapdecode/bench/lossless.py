@@ -46,8 +46,14 @@ def check(
             if r.repeats_differing:  # greedy must repeat exactly: never a tie
                 cell = out[(r.category, label)]
                 cell["non_tie"] += 1
-                cell["details"].append({"prompt": pid, "reference": "its own first round",
-                                        "repeats_differing": r.repeats_differing, "tie": False})  # fmt: skip
+                cell["details"].append(
+                    {
+                        "prompt": pid,
+                        "reference": "its own first round",
+                        "repeats_differing": r.repeats_differing,
+                        "tie": False,
+                    }
+                )
             if r.name == "none":
                 ref = recs.get("hf-generate")
             elif r.name == "hf-generate":
@@ -77,7 +83,12 @@ def check(
             cell = out[(r.category, label)]
             cell["tie" if is_tie else "non_tie"] += 1
             cell["details"].append(
-                {"prompt": pid, "reference": ref.method, "position": pos, "margin": margin,
-                 "tie": is_tie}
-            )  # fmt: skip
+                {
+                    "prompt": pid,
+                    "reference": ref.method,
+                    "position": pos,
+                    "margin": margin,
+                    "tie": is_tie,
+                }
+            )
     return dict(out)

@@ -40,9 +40,13 @@ class HFPeers:
         """Greedy tokens after the prompt, and the target forwards it took."""
         x = torch.tensor([ids])
         kwargs = dict(
-            attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
-            temperature=None, top_p=None, top_k=None,
-        )  # fmt: skip
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+        )
         if method == "hf-assisted":
             # transformers reads these from the *assistant's* generation config (defaults: 20
             # tokens and a 0.4 confidence cut-off), not from generate()'s arguments.

@@ -27,8 +27,11 @@ CONFIGS = (  # (label, method, global tree)
 
 
 def add_parser(what, model_args) -> None:
-    p = what.add_parser("repeated", help="similar requests one after another: suffix's global "
-                        "tree filling up (acceptance by request, plot)")  # fmt: skip
+    p = what.add_parser(
+        "repeated",
+        help="similar requests one after another: suffix's global "
+        "tree filling up (acceptance by request, plot)",
+    )
     model_args(p)
     p.add_argument("--requests", type=int, default=60, help="revision requests (default 60)")
     p.add_argument("--k", type=int, default=16, help="draft tokens per step (default 16)")
@@ -62,9 +65,12 @@ def cmd_repeated(args) -> int:
     bar = tqdm(total=len(rows) * len(CONFIGS), desc="repeated", unit="req")
     for label, method, keep in CONFIGS:
         dec = LeapDecoder.from_pretrained(
-            target, device=args.device, dtype=args.dtype, threads=args.threads,
+            target,
+            device=args.device,
+            dtype=args.dtype,
+            threads=args.threads,
             suffix_decoding_max_cached_requests=10_000 if keep else 0,
-        )  # fmt: skip
+        )
         dec.generate(rows[0]["prompt"], method="none", max_new_tokens=8)  # warm-up
         per = []
         for row in rows:
@@ -76,16 +82,25 @@ def cmd_repeated(args) -> int:
             out = dec.generate(row["prompt"], method=method, k=args.k, max_new_tokens=max_new)
             secs = time.perf_counter() - t0
             s = out.stats
-            per.append({
-                "id": row["id"], "tokens": len(out.token_ids), "seconds": secs,
-                "mean_accepted_tokens": (s.accepted + s.decode_steps) / max(1, s.decode_steps),
-                "acceptance_rate": s.accepted / s.proposed if s.proposed else 0.0,
-            })  # fmt: skip
+            per.append(
+                {
+                    "id": row["id"],
+                    "tokens": len(out.token_ids),
+                    "seconds": secs,
+                    "mean_accepted_tokens": (s.accepted + s.decode_steps) / max(1, s.decode_steps),
+                    "acceptance_rate": s.accepted / s.proposed if s.proposed else 0.0,
+                }
+            )
             bar.update()
         results[label] = per
     bar.close()
-    meta = {"target": target, "requests": len(rows), "k": args.k,
-            "threads": torch.get_num_threads(), "torch": torch.__version__}  # fmt: skip
+    meta = {
+        "target": target,
+        "requests": len(rows),
+        "k": args.k,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
     paths = write(results, meta, args.out)
     print(f"wrote {paths['markdown']}, {paths['json']} and {paths['plot']}")
     return 0
@@ -102,9 +117,11 @@ def write(results: dict, meta: dict, out_dir: str) -> dict:
     import matplotlib.pyplot as plt
 
     os.makedirs(out_dir, exist_ok=True)
-    paths = {"json": os.path.join(out_dir, "results.json"),
-             "markdown": os.path.join(out_dir, "results.md"),
-             "plot": os.path.join(out_dir, "acceptance.png")}  # fmt: skip
+    paths = {
+        "json": os.path.join(out_dir, "results.json"),
+        "markdown": os.path.join(out_dir, "results.md"),
+        "plot": os.path.join(out_dir, "acceptance.png"),
+    }
     with open(paths["json"], "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1)
     n = meta["requests"]
@@ -125,8 +142,10 @@ def write(results: dict, meta: dict, out_dir: str) -> dict:
     for label, per in results.items():
         acc = [r["mean_accepted_tokens"] for r in per]
         tps = sum(r["tokens"] for r in per) / max(1e-9, sum(r["seconds"] for r in per))
-        lines.append(f"| {label} | {_mean(acc[:quarter]):.2f} | {_mean(acc[-quarter:]):.2f} "
-                     f"| {_mean(acc):.2f} | {tps:.1f} |")  # fmt: skip
+        lines.append(
+            f"| {label} | {_mean(acc[:quarter]):.2f} | {_mean(acc[-quarter:]):.2f} "
+            f"| {_mean(acc):.2f} | {tps:.1f} |"
+        )
     lines += ["", "![acceptance.png](acceptance.png)", ""]
     with open(paths["markdown"], "w") as f:
         f.write("\n".join(lines))

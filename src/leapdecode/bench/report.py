@@ -45,39 +45,53 @@ def aggregate(records: list[Record], costs: dict, mismatches: dict) -> list[dict
         alpha = accepted / proposed if proposed else None  # vLLM counts its drafts too
         c = costs.get("c") if r0.name == "draft" else 0.0
         decode = sum(r.propose_s + r.verify_s + r.accept_s for r in rs)
-        cells.append({
-            "category": cat, "method": label, "name": r0.name, "k": r0.k, "ours": ours,
-            "prompts": len(rs), "new_tokens": tokens, "seconds": secs,
-            "tokens_per_s": tokens / secs if secs else 0.0,
-            "target_forwards": sum(r.target_forwards for r in rs),
-            "target_forwards_per_token": sum(r.target_forwards for r in rs) / tokens if tokens else None,
-            # tokens per target decode forward, the target's own token included
-            "mean_accepted_tokens": (
-                mean_accepted_tokens(sum(r.accepted for r in rs), steps) if steps else None
-            ),
-            "acceptance_rate": alpha,
-            "acceptance_by_position": by_pos if ours else None,
-            "mean_proposed_per_step": proposed / steps if ours and steps else None,
-            "draft_forwards": sum(r.draft_forwards for r in rs),
-            "c": c if ours else None,
-            "predicted_speedup": (  # Leviathan's formula holds for fixed-k chains only
-                predicted_speedup(alpha, r0.k, c)
-                if r0.name in ("draft", "ngram") and alpha is not None and c is not None
-                else (1.0 if r0.name == "none" else None)
-            ),
-            "ms_per_step": {
-                "proposer": 1e3 * sum(r.propose_s for r in rs) / steps,
-                "verify_forward": 1e3 * sum(r.verify_s for r in rs) / steps,
-                "accept": 1e3 * sum(r.accept_s for r in rs) / steps,
-            } if ours and steps else None,
-            "time_split": {
-                "proposer": sum(r.propose_s for r in rs) / decode,
-                "verify_forward": sum(r.verify_s for r in rs) / decode,
-                "accept": sum(r.accept_s for r in rs) / decode,
-                "other_s": secs - decode,  # prefill, tokenization, set-up (median run)
-            } if ours and decode > 0 else None,
-            "mismatches": mismatches.get((cat, label), {"non_tie": 0, "tie": 0, "details": []}),
-        })  # fmt: skip
+        cells.append(
+            {
+                "category": cat,
+                "method": label,
+                "name": r0.name,
+                "k": r0.k,
+                "ours": ours,
+                "prompts": len(rs),
+                "new_tokens": tokens,
+                "seconds": secs,
+                "tokens_per_s": tokens / secs if secs else 0.0,
+                "target_forwards": sum(r.target_forwards for r in rs),
+                "target_forwards_per_token": sum(r.target_forwards for r in rs) / tokens
+                if tokens
+                else None,
+                # tokens per target decode forward, the target's own token included
+                "mean_accepted_tokens": (
+                    mean_accepted_tokens(sum(r.accepted for r in rs), steps) if steps else None
+                ),
+                "acceptance_rate": alpha,
+                "acceptance_by_position": by_pos if ours else None,
+                "mean_proposed_per_step": proposed / steps if ours and steps else None,
+                "draft_forwards": sum(r.draft_forwards for r in rs),
+                "c": c if ours else None,
+                "predicted_speedup": (  # Leviathan's formula holds for fixed-k chains only
+                    predicted_speedup(alpha, r0.k, c)
+                    if r0.name in ("draft", "ngram") and alpha is not None and c is not None
+                    else (1.0 if r0.name == "none" else None)
+                ),
+                "ms_per_step": {
+                    "proposer": 1e3 * sum(r.propose_s for r in rs) / steps,
+                    "verify_forward": 1e3 * sum(r.verify_s for r in rs) / steps,
+                    "accept": 1e3 * sum(r.accept_s for r in rs) / steps,
+                }
+                if ours and steps
+                else None,
+                "time_split": {
+                    "proposer": sum(r.propose_s for r in rs) / decode,
+                    "verify_forward": sum(r.verify_s for r in rs) / decode,
+                    "accept": sum(r.accept_s for r in rs) / decode,
+                    "other_s": secs - decode,  # prefill, tokenization, set-up (median run)
+                }
+                if ours and decode > 0
+                else None,
+                "mismatches": mismatches.get((cat, label), {"non_tie": 0, "tie": 0, "details": []}),
+            }
+        )
     by_key = {(c["category"], c["method"]): c for c in cells}
     for cell in cells:
         base = by_key.get((cell["category"], "none"))
@@ -116,14 +130,28 @@ def vllm_rows(cells: list[dict]) -> list[dict]:
             a, b = best(cells, cat, ours), best(cells, cat, theirs)
             if a is None or b is None:
                 continue
-            rows.append({"category": cat, "ours": a, "vllm": b,
-                         "ratio": a["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else None})  # fmt: skip
+            rows.append(
+                {
+                    "category": cat,
+                    "ours": a,
+                    "vllm": b,
+                    "ratio": a["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else None,
+                }
+            )
         for name in ("vllm-leap-suffix", "vllm-leap-ngram"):  # ours inside vLLM, beside vLLM's own
             a = best(cells, cat, name)
             b = best(cells, cat, "vllm-" + name.removeprefix("vllm-leap-"))
             if a is not None and b is not None:
-                rows.append({"category": cat, "ours": a, "vllm": b,
-                             "ratio": a["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else None})  # fmt: skip
+                rows.append(
+                    {
+                        "category": cat,
+                        "ours": a,
+                        "vllm": b,
+                        "ratio": a["tokens_per_s"] / b["tokens_per_s"]
+                        if b["tokens_per_s"]
+                        else None,
+                    }
+                )
     return rows
 
 
@@ -136,18 +164,25 @@ def vllm_markdown(cells: list[dict]) -> list[str]:
     rows = vllm_rows(cells)
     if not rows:
         return []
-    lines = ["", "## Compared with vLLM (each at its best k)", "",
-             "tokens/s, request in to last token out, prefill included; `vllm-leap-*` are "
-             "leapdecode's proposers running inside vLLM (`leapdecode.integrations.vllm`), "
-             "beside vLLM's own; tok/fwd = tokens per target decode forward.", "",
-             "| category | ours | tok/s | tok/fwd | vLLM | tok/s | tok/fwd | ours / vLLM |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "",
+        "## Compared with vLLM (each at its best k)",
+        "",
+        "tokens/s, request in to last token out, prefill included; `vllm-leap-*` are "
+        "leapdecode's proposers running inside vLLM (`leapdecode.integrations.vllm`), "
+        "beside vLLM's own; tok/fwd = tokens per target decode forward.",
+        "",
+        "| category | ours | tok/s | tok/fwd | vLLM | tok/s | tok/fwd | ours / vLLM |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         a, b = r["ours"], r["vllm"]
-        lines.append(f"| {r['category']} | {a['name']}{_setting(a)} | {a['tokens_per_s']:.0f} "
-                     f"| {_f(a['mean_accepted_tokens'])} | {b['name']}{_setting(b)} "
-                     f"| {b['tokens_per_s']:.0f} | {_f(b['mean_accepted_tokens'])} "
-                     f"| **{_f(r['ratio'])}** |")  # fmt: skip
+        lines.append(
+            f"| {r['category']} | {a['name']}{_setting(a)} | {a['tokens_per_s']:.0f} "
+            f"| {_f(a['mean_accepted_tokens'])} | {b['name']}{_setting(b)} "
+            f"| {b['tokens_per_s']:.0f} | {_f(b['mean_accepted_tokens'])} "
+            f"| **{_f(r['ratio'])}** |"
+        )
     return lines
 
 
@@ -165,10 +200,14 @@ def markdown(cells: list[dict], meta: dict) -> str:
     cats = list(dict.fromkeys(c["category"] for c in cells))
     names = list(dict.fromkeys(c["name"] for c in cells))
     lines = [f"# leapdecode bench: {meta['title']}", "", meta["setup"], ""]
-    lines += ["## Best k per method (tokens/s, and speedup over leapdecode `none`)", "",
-              "The best setting is picked on the same runs it is reported from: a method tried "
-              "at more settings gains a little from the noise. Every setting's own figures are "
-              "in the tables below.", ""]  # fmt: skip
+    lines += [
+        "## Best k per method (tokens/s, and speedup over leapdecode `none`)",
+        "",
+        "The best setting is picked on the same runs it is reported from: a method tried "
+        "at more settings gains a little from the noise. Every setting's own figures are "
+        "in the tables below.",
+        "",
+    ]
     lines += ["| method | " + " | ".join(cats) + " |", "|---" * (len(cats) + 1) + "|"]
     for name in names:
         row = []
@@ -183,31 +222,42 @@ def markdown(cells: list[dict], meta: dict) -> str:
     lines += vllm_markdown(cells)
     looks = list(dict.fromkeys(c["method"] for c in cells if c["name"] == "lookahead"))
     if looks:
-        lines += ["", "## Lookahead by window W, n-gram size N, candidates G", "",
-                  "speedup over `none` (tokens per target forward); nodes = the tree's size, "
-                  "(W-1) + (N-2) W + G (N-1).", "",
-                  "| setting | nodes | " + " | ".join(cats) + " |",
-                  "|---" * (len(cats) + 2) + "|"]  # fmt: skip
+        lines += [
+            "",
+            "## Lookahead by window W, n-gram size N, candidates G",
+            "",
+            "speedup over `none` (tokens per target forward); nodes = the tree's size, "
+            "(W-1) + (N-2) W + G (N-1).",
+            "",
+            "| setting | nodes | " + " | ".join(cats) + " |",
+            "|---" * (len(cats) + 2) + "|",
+        ]
         by = {(c["category"], c["method"]): c for c in cells}
         for label in looks:
             row = []
             for cat in cats:
                 c = by.get((cat, label))
-                row.append("–" if c is None else f"{_f(c['speedup_vs_none'])}x "
-                           f"({_f(c['mean_accepted_tokens'])})")  # fmt: skip
+                row.append(
+                    "–"
+                    if c is None
+                    else f"{_f(c['speedup_vs_none'])}x ({_f(c['mean_accepted_tokens'])})"
+                )
             k = next(c["k"] for c in cells if c["method"] == label)
             lines.append(f"| {label.removeprefix('lookahead ')} | {k} | " + " | ".join(row) + " |")
     lines += [
-        "", "## Every cell", "",
+        "",
+        "## Every cell",
+        "",
         "tok/fwd = tokens per target decode forward (its own token included); alpha = accepted / "
         "proposed draft tokens; by position = acceptance of draft 1, 2, 3, 4; pred = "
         "(1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)); eff = measured / pred; split = share of "
         "decode time in proposer / verify forward / accept; ms/step = the same in milliseconds per "
-        "decode step; mism = mismatching prompts vs the reference (non-tie + tie).", "",
+        "decode step; mism = mismatching prompts vs the reference (non-tie + tie).",
+        "",
         "| category | method | tok/s | x none | x HF generate | x vLLM | x HF counterpart | tok/fwd "
         "| fwd/token | alpha | by position | pred | eff | split | ms/step | mism |",
         "|---" * 16 + "|",
-    ]  # fmt: skip
+    ]
     for cat in cats:
         for c in [c for c in cells if c["category"] == cat]:
             pos = c["acceptance_by_position"]
@@ -250,8 +300,14 @@ def plots(cells: list[dict], out_dir: str) -> list[str]:
     paths = []
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    _grouped_bars(ax, cats, {name: [(best(cells, cat, name) or {}).get("speedup_vs_none") or 0.0
-                                    for cat in cats] for name in names})  # fmt: skip
+    _grouped_bars(
+        ax,
+        cats,
+        {
+            name: [(best(cells, cat, name) or {}).get("speedup_vs_none") or 0.0 for cat in cats]
+            for name in names
+        },
+    )
     ax.set_ylabel("speedup over leapdecode none (best k)")
     ax.set_title("Speedup by category and method (greedy)")
     ax.legend(fontsize=8, ncol=2)
@@ -279,8 +335,11 @@ def plots(cells: list[dict], out_dir: str) -> list[str]:
         axes = axes if len(cats) > 1 else [axes]
         for ax, cat in zip(axes, cats, strict=True):
             for name in names:
-                pts = sorted((c["k"], c[key]) for c in cells
-                             if c["category"] == cat and c["name"] == name and c[key] is not None)  # fmt: skip
+                pts = sorted(
+                    (c["k"], c[key])
+                    for c in cells
+                    if c["category"] == cat and c["name"] == name and c[key] is not None
+                )
                 if name in BASELINES:
                     if pts and key == "tokens_per_s":
                         color = {"none": "black", "vllm": "tab:red"}.get(name, "grey")

@@ -80,8 +80,10 @@ class Method:
             return self.name
         if self.name == "lookahead":
             o = self.options
-            return (f"lookahead W{o['lookahead_window']} N{o['lookahead_ngram_size']} "
-                    f"G{o['lookahead_max_candidates']}")  # fmt: skip
+            return (
+                f"lookahead W{o['lookahead_window']} N{o['lookahead_ngram_size']} "
+                f"G{o['lookahead_max_candidates']}"
+            )
         if self.name == "eagle" and self.opts:
             return f"eagle k={self.k} d{dict(self.opts)['speculative_num_steps']}"
         label = f"{self.name} k={self.k}"
@@ -133,10 +135,21 @@ class Record:
         return statistics.median(self.seconds)
 
 
-def method_list(draft_ks, ngram_ks, peer_ks, with_draft: bool, with_peers: bool,
-                tree_ks=(), suffix_ks=(), lookaheads=(), medusa_ks=(),
-                eagle_ks=(), eagle_depths=(4,), suffix_factors=(1.0,),
-                suffix_tokens_only=False) -> list[Method]:  # fmt: skip
+def method_list(
+    draft_ks,
+    ngram_ks,
+    peer_ks,
+    with_draft: bool,
+    with_peers: bool,
+    tree_ks=(),
+    suffix_ks=(),
+    lookaheads=(),
+    medusa_ks=(),
+    eagle_ks=(),
+    eagle_depths=(4,),
+    suffix_factors=(1.0,),
+    suffix_tokens_only=False,
+) -> list[Method]:
     """lookaheads: (W, N, G) triples; medusa_ks / eagle_ks: tree sizes (empty: no heads);
     eagle_depths: the eagle tree's depths (speculative_num_steps) tried at each size;
     suffix_factors: suffix's draft caps (suffix_decoding_max_spec_factor) tried at each k;
@@ -148,18 +161,25 @@ def method_list(draft_ks, ngram_ks, peer_ks, with_draft: bool, with_peers: bool,
     methods += [Method("ngram-tree", k) for k in tree_ks]
 
     def factor(f: float) -> tuple:  # the default cap keeps the plain label
-        return () if f == SpecConfig().suffix_decoding_max_spec_factor else (
-            ("suffix_decoding_max_spec_factor", f),)  # fmt: skip
+        return (
+            ()
+            if f == SpecConfig().suffix_decoding_max_spec_factor
+            else (("suffix_decoding_max_spec_factor", f),)
+        )
 
     methods += [Method("suffix", k, factor(f)) for k in suffix_ks for f in suffix_factors]
     if suffix_tokens_only:
-        methods += [Method("suffix", k, factor(f) + (("suffix_decoding_char_match", False),))
-                    for k in suffix_ks for f in suffix_factors]  # fmt: skip
+        methods += [
+            Method("suffix", k, factor(f) + (("suffix_decoding_char_match", False),))
+            for k in suffix_ks
+            for f in suffix_factors
+        ]
     methods += [Method("suffix-tree", k, factor(f)) for k in tree_ks for f in suffix_factors]
     methods += [lookahead(*wng) for wng in lookaheads]
     methods += [Method("medusa", k) for k in medusa_ks]
-    methods += [Method("eagle", k, (("speculative_num_steps", d),))
-                for k in eagle_ks for d in eagle_depths]  # fmt: skip
+    methods += [
+        Method("eagle", k, (("speculative_num_steps", d),)) for k in eagle_ks for d in eagle_depths
+    ]
     if with_peers:
         methods.append(Method("hf-generate"))
         if with_draft:
@@ -168,8 +188,13 @@ def method_list(draft_ks, ngram_ks, peer_ks, with_draft: bool, with_peers: bool,
     return methods
 
 
-def vllm_method_list(ks: dict[str, list[int]], with_draft: bool, with_eagle: bool,
-                     leap_ngram_ks=(), leap_suffix_ks=()) -> list[Method]:  # fmt: skip
+def vllm_method_list(
+    ks: dict[str, list[int]],
+    with_draft: bool,
+    with_eagle: bool,
+    leap_ngram_ks=(),
+    leap_suffix_ks=(),
+) -> list[Method]:
     """vLLM's configurations: ks = {"vllm-ngram": [...], "vllm-draft": ..., "vllm-suffix": ...,
     "vllm-eagle3": ...}; eagle3 runs our exported head, draft_model our draft; leap_*_ks:
     our own proposers inside vLLM."""
@@ -185,8 +210,7 @@ def vllm_method_list(ks: dict[str, list[int]], with_draft: bool, with_eagle: boo
     return methods
 
 
-def _run_once(dec: LeapDecoder, peers, m: Method, ids, max_new: int, min_prob: float,
-              vllm=None):  # fmt: skip
+def _run_once(dec: LeapDecoder, peers, m: Method, ids, max_new: int, min_prob: float, vllm=None):
     """(seconds, tokens, stats, target forwards): stats are ours, {"proposed", "accepted"}
     for vLLM (its own counters), None for transformers."""
     gc.collect()  # no method pays for garbage another one left
@@ -195,8 +219,14 @@ def _run_once(dec: LeapDecoder, peers, m: Method, ids, max_new: int, min_prob: f
         return secs, tokens, {"proposed": proposed, "accepted": accepted}, forwards
     if m.ours:
         t0 = time.perf_counter()
-        out = dec.generate(ids, method=m.method, k=m.k, max_new_tokens=max_new,
-                           draft_min_prob=min_prob, **m.options)  # fmt: skip
+        out = dec.generate(
+            ids,
+            method=m.method,
+            k=m.k,
+            max_new_tokens=max_new,
+            draft_min_prob=min_prob,
+            **m.options,
+        )
         return time.perf_counter() - t0, out.token_ids, out.stats, out.stats.target_forwards
     t0 = time.perf_counter()
     tokens, forwards = peers.generate(ids, m.name, m.k, max_new, min_prob)
@@ -257,8 +287,10 @@ def _narrow(path: str, rows: list[dict], signature: dict) -> list[dict]:
     os.replace(path, kept)
     with open(path, "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in narrowed)
-    print(f"resuming with {len(keep)} of the {len(rows[0]['signature']['methods'])} methods "
-          f"of {path}; the full records are kept in {kept}")  # fmt: skip
+    print(
+        f"resuming with {len(keep)} of the {len(rows[0]['signature']['methods'])} methods "
+        f"of {path}; the full records are kept in {kept}"
+    )
     return narrowed
 
 
@@ -270,10 +302,18 @@ def _append(path: str, obj: dict) -> None:
 
 
 @torch.no_grad()
-def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Method],
-        repeats: int, max_new_cap: int | None = None, draft_min_prob: float = 0.0,
-        partial: str | None = None, signature: dict | None = None,
-        vllm=None) -> list[Record]:  # fmt: skip
+def run(
+    dec: LeapDecoder,
+    peers,
+    sets: dict[str, list[dict]],
+    methods: list[Method],
+    repeats: int,
+    max_new_cap: int | None = None,
+    draft_min_prob: float = 0.0,
+    partial: str | None = None,
+    signature: dict | None = None,
+    vllm=None,
+) -> list[Record]:
     """partial: file that keeps finished prompts' records; resumed when its signature matches;
     vllm: the vLLM peers (vllm_peer.VllmPeers) when methods hold any."""
     done = load_partial(partial, signature or {})
@@ -294,10 +334,11 @@ def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Meth
         total = sum(len(rows) for rows in sets.values()) * repeats * len(methods)
         n_done = sum(row["id"] in done for rows in sets.values() for row in rows)
         if n_done:
-            print(f"resuming from {partial}: {n_done} prompts already measured "
-                  "(delete the file, or pass --fresh, to start over)")  # fmt: skip
-        bar = tqdm(total=total, desc="bench", unit="run",
-                   initial=n_done * repeats * len(methods))  # fmt: skip
+            print(
+                f"resuming from {partial}: {n_done} prompts already measured "
+                "(delete the file, or pass --fresh, to start over)"
+            )
+        bar = tqdm(total=total, desc="bench", unit="run", initial=n_done * repeats * len(methods))
         suffix_used = suffix is not None and any(m.method == "suffix" for m in methods)
         for cat, rows in sets.items():
             for row in rows:
@@ -332,8 +373,10 @@ def run(dec: LeapDecoder, peers, sets: dict[str, list[dict]], methods: list[Meth
                     _fill_stats(r, stats_by_rep[m])
                     records.append(r)
                 if partial:
-                    _append(partial, {"prompt_id": row["id"],
-                                      "records": [asdict(r) for r in recs.values()]})  # fmt: skip
+                    _append(
+                        partial,
+                        {"prompt_id": row["id"], "records": [asdict(r) for r in recs.values()]},
+                    )
                 if suffix_used:
                     # as a server would: later requests find this one's output in the global tree
                     out = next(r.tokens for r in recs.values())

@@ -47,28 +47,54 @@ class Config:
     url: str | None = None  # a peer's own server (None: ours)
 
 
-def configs(has_draft: bool, draft_ks: list[int], ngram_ks: list[int], suffix_ks=(),
-            lookaheads=(), heads=(), heads_k: int = 16) -> list[Config]:  # fmt: skip
+def configs(
+    has_draft: bool,
+    draft_ks: list[int],
+    ngram_ks: list[int],
+    suffix_ks=(),
+    lookaheads=(),
+    heads=(),
+    heads_k: int = 16,
+) -> list[Config]:
     """heads: the speculator kinds the server has (medusa, eagle), verified as trees of
     heads_k nodes."""
     out = [Config("none", {"method": "none"})]
     if has_draft:
-        out += [Config(f"draft k={k}", {"method": "draft", "num_speculative_tokens": k})
-                for k in draft_ks]  # fmt: skip
-    out += [Config(f"ngram k={k}", {"method": "ngram", "num_speculative_tokens": k})
-            for k in ngram_ks]  # fmt: skip
-    out += [Config(f"suffix k={k}", {"method": "suffix", "num_speculative_tokens": k})
-            for k in suffix_ks]  # fmt: skip
+        out += [
+            Config(f"draft k={k}", {"method": "draft", "num_speculative_tokens": k})
+            for k in draft_ks
+        ]
+    out += [
+        Config(f"ngram k={k}", {"method": "ngram", "num_speculative_tokens": k}) for k in ngram_ks
+    ]
+    out += [
+        Config(f"suffix k={k}", {"method": "suffix", "num_speculative_tokens": k})
+        for k in suffix_ks
+    ]
     for w, n, g in lookaheads:
-        spec = {"method": "lookahead", "lookahead_window": w, "lookahead_ngram_size": n,
-                "lookahead_max_candidates": g}  # fmt: skip
+        spec = {
+            "method": "lookahead",
+            "lookahead_window": w,
+            "lookahead_ngram_size": n,
+            "lookahead_max_candidates": g,
+        }
         spec["num_speculative_tokens"] = SpecConfig(**spec).k  # the tree's size
         out.append(Config(f"lookahead W{w} N{n} G{g}", spec))
-    out += [Config(f"{kind} k={heads_k}", {"method": kind, "num_speculative_tokens": heads_k})
-            for kind in heads]  # fmt: skip
+    out += [
+        Config(f"{kind} k={heads_k}", {"method": kind, "num_speculative_tokens": heads_k})
+        for kind in heads
+    ]
     method = "draft" if has_draft else "ngram"
-    out.append(Config(f"{method} static table", {"method": method, "num_speculative_tokens": 4,
-                                                 "num_speculative_tokens_per_batch_size": STATIC_TABLE}))  # fmt: skip
+    out.append(
+        Config(
+            f"{method} static table",
+            {
+                "method": method,
+                "num_speculative_tokens": 4,
+                "num_speculative_tokens_per_batch_size": STATIC_TABLE,
+            },
+        )
+    )
     out.append(Config("auto", {"method": "auto", "num_speculative_tokens": 4}))
     return out
 
@@ -79,10 +105,14 @@ def _one_request(client, model: str, row: dict, spec: dict | None) -> dict:
     stamps = []
     usage = spec_stats = None
     stream = client.completions.create(
-        model=model, prompt=row["prompt"], max_tokens=row["max_new_tokens"], temperature=0,
-        stream=True, stream_options={"include_usage": True},
+        model=model,
+        prompt=row["prompt"],
+        max_tokens=row["max_new_tokens"],
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
         extra_body={"speculation": spec} if spec is not None else None,
-    )  # fmt: skip
+    )
     for chunk in stream:
         now = time.perf_counter()
         if chunk.choices and chunk.choices[0].text:
@@ -95,8 +125,13 @@ def _one_request(client, model: str, row: dict, spec: dict | None) -> dict:
     end = time.perf_counter()
     tokens = usage.completion_tokens if usage else 0
     itl = (end - t0 - (first or 0)) / max(1, tokens - 1)
-    return {"ttft": first if first is not None else end - t0, "itl": itl, "tokens": tokens,
-            "seconds": end - t0, "spec": spec_stats}  # fmt: skip
+    return {
+        "ttft": first if first is not None else end - t0,
+        "itl": itl,
+        "tokens": tokens,
+        "seconds": end - t0,
+        "spec": spec_stats,
+    }
 
 
 def parallel(n_items: int, n_threads: int, fn, on_done=None) -> list:
@@ -129,8 +164,15 @@ def parallel(n_items: int, n_threads: int, fn, on_done=None) -> list:
     return results
 
 
-def run_load(url: str, model: str, rows: list[dict], cfg: Config, concurrency: int,
-             n_requests: int, start: int) -> dict:  # fmt: skip
+def run_load(
+    url: str,
+    model: str,
+    rows: list[dict],
+    cfg: Config,
+    concurrency: int,
+    n_requests: int,
+    start: int,
+) -> dict:
     """One load run of a configuration; a vLLM peer's server is woken for it (vllm_serve.awake)."""
     if cfg.url is None:
         return _run_load(url, model, rows, cfg, concurrency, n_requests, start)
@@ -140,8 +182,15 @@ def run_load(url: str, model: str, rows: list[dict], cfg: Config, concurrency: i
         return _run_load(url, model, rows, cfg, concurrency, n_requests, start)
 
 
-def _run_load(url: str, model: str, rows: list[dict], cfg: Config, concurrency: int,
-              n_requests: int, start: int) -> dict:  # fmt: skip
+def _run_load(
+    url: str,
+    model: str,
+    rows: list[dict],
+    cfg: Config,
+    concurrency: int,
+    n_requests: int,
+    start: int,
+) -> dict:
     import openai
 
     local = threading.local()
@@ -154,8 +203,9 @@ def _run_load(url: str, model: str, rows: list[dict], cfg: Config, concurrency: 
 
     def one(i: int) -> dict:
         if not hasattr(local, "client"):
-            local.client = openai.OpenAI(base_url=url + "/v1", api_key="bench", max_retries=0,
-                                         timeout=600)  # fmt: skip
+            local.client = openai.OpenAI(
+                base_url=url + "/v1", api_key="bench", max_retries=0, timeout=600
+            )
         return _one_request(local.client, model, rows[(start + i) % len(rows)], cfg.speculation)
 
     t0 = time.perf_counter()
@@ -171,9 +221,15 @@ def _run_load(url: str, model: str, rows: list[dict], cfg: Config, concurrency: 
         requests, tokens_out, accepted = (a - b for a, b in zip(after, before, strict=True))
         steps = tokens_out - requests - accepted  # each request's first token is its prefill's
         mat = (tokens_out - requests) / steps if steps > 0 else 1.0
-    return {"throughput": tokens / wall, "tokens": tokens, "wall_s": wall, "errors": errors,
-            "ttft": [r["ttft"] for r in results], "itl": [r["itl"] for r in results],
-            "mean_accepted_tokens": mat}  # fmt: skip
+    return {
+        "throughput": tokens / wall,
+        "tokens": tokens,
+        "wall_s": wall,
+        "errors": errors,
+        "ttft": [r["ttft"] for r in results],
+        "itl": [r["itl"] for r in results],
+        "mean_accepted_tokens": mat,
+    }
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -189,9 +245,27 @@ def local_server(args, extra: tuple[str, ...] = ()):
     of the block: yields (url, pid). Its output goes to <out>/server.log (a pipe nobody reads
     would block the server), whose tail is printed when the block fails."""
     port = free_port()
-    cmd = [sys.executable, "-m", "leapdecode", "serve", "--host", "127.0.0.1", "--port",
-           str(port), "--speculation", "auto", "--max-num-seqs", str(max(args.concurrency)),
-           "--max-queue", "1024", "--dtype", args.dtype, "--backend", args.backend, *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "leapdecode",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--speculation",
+        "auto",
+        "--max-num-seqs",
+        str(max(args.concurrency)),
+        "--max-queue",
+        "1024",
+        "--dtype",
+        args.dtype,
+        "--backend",
+        args.backend,
+        *extra,
+    ]
     for flag in ("target", "draft", "draft_dtype", "threads", "device"):
         v = getattr(args, flag)
         if v is not None:
@@ -277,8 +351,15 @@ def cmd_serve_bench(args) -> int:
         info = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]
         model = info["id"]
         has_draft = not args.no_draft and (args.url is not None or _local_draft(args))
-        cfgs = configs(has_draft, args.draft_k, args.ngram_k, args.suffix_k, args.lookahead,
-                       _heads(args), args.heads_k)  # fmt: skip
+        cfgs = configs(
+            has_draft,
+            args.draft_k,
+            args.ngram_k,
+            args.suffix_k,
+            args.lookahead,
+            _heads(args),
+            args.heads_k,
+        )
         if args.configs:
             keep = set(args.configs.split(",")) | {"none"}  # none: every ratio's baseline
             cfgs = [c for c in cfgs if c.label.split(" ")[0] in keep or c.label in keep]
@@ -287,10 +368,17 @@ def cmd_serve_bench(args) -> int:
         for c in cfgs:
             run_load(url, model, rows, c, 1, 1, 0)
         cells: dict[tuple[str, int], list[dict]] = {}
-        meta = {"url": args.url or "local server", "model": model, "rounds": args.rounds,
-                "levels": [], "requests_per_client": args.requests_per_client,
-                "max_new_tokens": args.max_new_tokens, "prompts": len(rows),
-                "dtype": args.dtype, "vllm_dtype": getattr(args, "vllm_dtype_used", None)}  # fmt: skip
+        meta = {
+            "url": args.url or "local server",
+            "model": model,
+            "rounds": args.rounds,
+            "levels": [],
+            "requests_per_client": args.requests_per_client,
+            "max_new_tokens": args.max_new_tokens,
+            "prompts": len(rows),
+            "dtype": args.dtype,
+            "vllm_dtype": getattr(args, "vllm_dtype_used", None),
+        }
         bar = tqdm(total=len(levels) * args.rounds * len(cfgs), desc="bench serve", unit="run")
         for conc in levels:
             n = max(args.requests_min, args.requests_per_client * conc)
@@ -334,14 +422,21 @@ def _vllm_peer(args):
     eagle3 = None
     if "eagle3" in want and "eagle" in _heads(args):
         eagle3 = export_eagle3(args.speculator, target, os.path.join(LOGS, "eagle3-head"), dtype)
-    cfgs = vllm_configs(args.vllm_ngram_k, args.vllm_eagle_k, eagle3, STATIC_TABLE,
-                        max(args.concurrency), default_lookup())  # fmt: skip
+    cfgs = vllm_configs(
+        args.vllm_ngram_k,
+        args.vllm_eagle_k,
+        eagle3,
+        STATIC_TABLE,
+        max(args.concurrency),
+        default_lookup(),
+    )
     cfgs = [(label, spec) for label, spec in cfgs if label.split(" ")[1] in want]
     threads = args.threads or max(1, available_cores() - 1)  # as our server gets
     print(f"vLLM runs the target in {dtype}")
     args.vllm_dtype_used = dtype
-    with vllm_servers(python, target, cfgs, dtype, max(args.concurrency), threads,
-                      os.path.join(LOGS, "serve")) as urls:  # fmt: skip
+    with vllm_servers(
+        python, target, cfgs, dtype, max(args.concurrency), threads, os.path.join(LOGS, "serve")
+    ) as urls:
         yield [Config(label, None, urls[label]) for label, _ in cfgs]
 
 
@@ -360,16 +455,24 @@ def summarize(cells, cfgs, levels) -> list[dict]:
                 continue
             ttft = [x for r in runs for x in r["ttft"]]
             itl = [x for r in runs for x in r["itl"]]
-            out.append({
-                "config": c.label, "speculation": c.speculation, "concurrency": conc,
-                "throughput": statistics.median(r["throughput"] for r in runs),
-                "throughput_rounds": [r["throughput"] for r in runs],
-                "ttft_p50": _pct(ttft, 0.5), "ttft_p90": _pct(ttft, 0.9),
-                "itl_p50": _pct(itl, 0.5), "itl_p90": _pct(itl, 0.9),
-                "mean_accepted_tokens": statistics.median(r["mean_accepted_tokens"] for r in runs),
-                "errors": sum(len(r["errors"]) for r in runs),
-                "error_examples": [e for r in runs for e in r["errors"]][:3],
-            })  # fmt: skip
+            out.append(
+                {
+                    "config": c.label,
+                    "speculation": c.speculation,
+                    "concurrency": conc,
+                    "throughput": statistics.median(r["throughput"] for r in runs),
+                    "throughput_rounds": [r["throughput"] for r in runs],
+                    "ttft_p50": _pct(ttft, 0.5),
+                    "ttft_p90": _pct(ttft, 0.9),
+                    "itl_p50": _pct(itl, 0.5),
+                    "itl_p90": _pct(itl, 0.9),
+                    "mean_accepted_tokens": statistics.median(
+                        r["mean_accepted_tokens"] for r in runs
+                    ),
+                    "errors": sum(len(r["errors"]) for r in runs),
+                    "error_examples": [e for r in runs for e in r["errors"]][:3],
+                }
+            )
     for row in out:
         same = [r for r in out if r["concurrency"] == row["concurrency"]]
         base_label = "vllm none" if row["config"].startswith("vllm") else "none"
@@ -389,8 +492,11 @@ def _paired(row: dict, other: dict | None) -> tuple[float, list[float]]:
     drift; a ratio of two medians is not."""
     if other is None:
         return float("nan"), []
-    ratios = [a / b for a, b in zip(row["throughput_rounds"], other["throughput_rounds"],
-                                    strict=False) if b]  # fmt: skip
+    ratios = [
+        a / b
+        for a, b in zip(row["throughput_rounds"], other["throughput_rounds"], strict=False)
+        if b
+    ]
     return (statistics.median(ratios) if ratios else float("nan")), [round(x, 3) for x in ratios]
 
 
@@ -423,12 +529,21 @@ def write(summary: list[dict], meta: dict, out_dir: str) -> None:
     ]
     for label in labels:
         cells = [get.get((label, c)) for c in levels]
-        lines.append(f"| {label} | " + " | ".join(
-            "-" if r is None else f"{r['throughput']:.0f} ({r['vs_none']:.2f}x)" for r in cells) + " |")  # fmt: skip
-    lines += ["", "## `auto` against the best fixed configuration at each concurrency", "",
-              "| concurrency | best fixed | its tokens/s | auto tokens/s | auto / best fixed "
-              "(rounds' range) | auto / none | auto / static table |",
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines.append(
+            f"| {label} | "
+            + " | ".join(
+                "-" if r is None else f"{r['throughput']:.0f} ({r['vs_none']:.2f}x)" for r in cells
+            )
+            + " |"
+        )
+    lines += [
+        "",
+        "## `auto` against the best fixed configuration at each concurrency",
+        "",
+        "| concurrency | best fixed | its tokens/s | auto tokens/s | auto / best fixed "
+        "(rounds' range) | auto / none | auto / static table |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for c in levels:
         fixed = [r for r in summary if r["concurrency"] == c and r["config"] != "auto"]
         auto = get.get(("auto", c))
@@ -438,17 +553,24 @@ def write(summary: list[dict], meta: dict, out_dir: str) -> None:
         table = next((r for r in fixed if "static table" in r["config"]), None)
         spread = auto["vs_best_fixed_rounds"] or [float("nan")]
         vs_table = f"{_paired(auto, table)[0]:.2f}" if table is not None else "-"  # not run
-        lines.append(f"| {c} | {best['config']} | {best['throughput']:.0f} | {auto['throughput']:.0f} "
-                     f"| {auto['vs_best_fixed']:.2f} ({min(spread):.2f}-{max(spread):.2f}) "
-                     f"| {auto['vs_none']:.2f} | {vs_table} |")  # fmt: skip
+        lines.append(
+            f"| {c} | {best['config']} | {best['throughput']:.0f} | {auto['throughput']:.0f} "
+            f"| {auto['vs_best_fixed']:.2f} ({min(spread):.2f}-{max(spread):.2f}) "
+            f"| {auto['vs_none']:.2f} | {vs_table} |"
+        )
     peers = [label for label in labels if label.startswith("vllm")]
     if peers:
-        lines += ["", "## `auto` against vLLM's configurations", "",
-                  "auto / vLLM configuration throughput at the same concurrency: the median of "
-                  "the per-round ratios (their range); the last column is vLLM's best "
-                  "configuration at that concurrency.", "",
-                  "| concurrency | " + " | ".join(peers) + " | auto / vLLM's best |",
-                  "|---|" + "---|" * (len(peers) + 1)]  # fmt: skip
+        lines += [
+            "",
+            "## `auto` against vLLM's configurations",
+            "",
+            "auto / vLLM configuration throughput at the same concurrency: the median of "
+            "the per-round ratios (their range); the last column is vLLM's best "
+            "configuration at that concurrency.",
+            "",
+            "| concurrency | " + " | ".join(peers) + " | auto / vLLM's best |",
+            "|---|" + "---|" * (len(peers) + 1),
+        ]
         for c in levels:
             auto = get.get(("auto", c))
             theirs = [get[(p, c)] for p in peers if (p, c) in get]
@@ -458,20 +580,31 @@ def write(summary: list[dict], meta: dict, out_dir: str) -> None:
             for p in peers:
                 r = get.get((p, c))
                 ratio, rounds = _paired(auto, r)
-                cells.append("-" if r is None else f"{ratio:.2f} ({min(rounds or [ratio]):.2f}-"
-                             f"{max(rounds or [ratio]):.2f})")  # fmt: skip
+                cells.append(
+                    "-"
+                    if r is None
+                    else f"{ratio:.2f} ({min(rounds or [ratio]):.2f}-{max(rounds or [ratio]):.2f})"
+                )
             best = max(theirs, key=lambda r: r["throughput"])
             ratio, rounds = _paired(auto, best)
-            cells.append(f"**{ratio:.2f}** ({best['config'].removeprefix('vllm ')}; "
-                         f"{min(rounds or [ratio]):.2f}-{max(rounds or [ratio]):.2f})")  # fmt: skip
+            cells.append(
+                f"**{ratio:.2f}** ({best['config'].removeprefix('vllm ')}; "
+                f"{min(rounds or [ratio]):.2f}-{max(rounds or [ratio]):.2f})"
+            )
             lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    lines += ["", "## Latency (seconds): time to first token p50 / p90, inter-token p50 / p90", "",
-              "| configuration | C | TTFT p50 | TTFT p90 | ITL p50 | ITL p90 | tokens/forward | errors |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "## Latency (seconds): time to first token p50 / p90, inter-token p50 / p90",
+        "",
+        "| configuration | C | TTFT p50 | TTFT p90 | ITL p50 | ITL p90 | tokens/forward | errors |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in summary:
-        lines.append(f"| {r['config']} | {r['concurrency']} | {r['ttft_p50']:.3f} | {r['ttft_p90']:.3f} "
-                     f"| {r['itl_p50'] * 1e3:.1f} ms | {r['itl_p90'] * 1e3:.1f} ms "
-                     f"| {r['mean_accepted_tokens']:.2f} | {r['errors']} |")  # fmt: skip
+        lines.append(
+            f"| {r['config']} | {r['concurrency']} | {r['ttft_p50']:.3f} | {r['ttft_p90']:.3f} "
+            f"| {r['itl_p50'] * 1e3:.1f} ms | {r['itl_p90'] * 1e3:.1f} ms "
+            f"| {r['mean_accepted_tokens']:.2f} | {r['errors']} |"
+        )
     lines += ["", "![throughput](throughput.png) ![latency](latency.png)", ""]
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write("\n".join(lines))
@@ -488,8 +621,13 @@ def _plots(summary, levels, labels, out_dir) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label in labels:
         xs = [c for c in levels if (label, c) in get]
-        style = (dict(lw=2.5, color="black") if label == "auto"
-                 else dict(lw=1.2, ls="--") if label.startswith("vllm") else dict(lw=1.2))  # fmt: skip
+        style = (
+            dict(lw=2.5, color="black")
+            if label == "auto"
+            else dict(lw=1.2, ls="--")
+            if label.startswith("vllm")
+            else dict(lw=1.2)
+        )
         ax.plot(xs, [get[(label, c)]["throughput"] for c in xs], "o-", label=label, **style)
     ax.set_xscale("log", base=2)
     ax.set_xticks(levels, [str(c) for c in levels])
@@ -532,30 +670,47 @@ def add_parser(what, model_args, prompts_dir: str) -> None:
     sv.add_argument("--ngram-k", default="4,8")
     sv.add_argument("--suffix-k", default="16")
     sv.add_argument("--lookahead", default="3x3x3", metavar="WxNxG,...")
-    sv.add_argument("--heads", default="auto",
-                    help="speculator kinds to test (medusa,eagle; default auto: those the "
-                    "local server loads; none with --url)")  # fmt: skip
+    sv.add_argument(
+        "--heads",
+        default="auto",
+        help="speculator kinds to test (medusa,eagle; default auto: those the "
+        "local server loads; none with --url)",
+    )
     sv.add_argument("--heads-k", type=int, default=12, help="tree size for medusa and eagle")
-    sv.add_argument("--configs", default=None,
-                    help="only these (none,draft,ngram,suffix,lookahead,auto,...)")  # fmt: skip
+    sv.add_argument(
+        "--configs", default=None, help="only these (none,draft,ngram,suffix,lookahead,auto,...)"
+    )
     sv.add_argument("--rounds", type=int, default=3)
     sv.add_argument("--requests-per-client", type=int, default=4)
     sv.add_argument("--requests-min", type=int, default=8)
     sv.add_argument("--max-new-tokens", type=int, default=None, help="cap each prompt's budget")
     sv.add_argument("--out", default=os.path.join("docs", "bench", "serve"))
-    sv.add_argument("--peer", choices=("vllm",), default=None,
-                    help="also load-test `vllm serve` (one server per configuration) beside ours")  # fmt: skip
-    sv.add_argument("--vllm-python", default=None, metavar="PATH",
-                    help="the vLLM environment's interpreter (default: $LEAPDECODE_VLLM_PYTHON "
-                    "or .venv-vllm)")  # fmt: skip
+    sv.add_argument(
+        "--peer",
+        choices=("vllm",),
+        default=None,
+        help="also load-test `vllm serve` (one server per configuration) beside ours",
+    )
+    sv.add_argument(
+        "--vllm-python",
+        default=None,
+        metavar="PATH",
+        help="the vLLM environment's interpreter (default: $LEAPDECODE_VLLM_PYTHON or .venv-vllm)",
+    )
     sv.add_argument("--vllm-ngram-k", default="4,8", help="k for vLLM's ngram servers")
     sv.add_argument("--vllm-eagle-k", type=int, default=3, help="k for vLLM's eagle3 server")
-    sv.add_argument("--vllm-configs", default=None,
-                    help="only these vLLM servers (none, ngram, eagle3, dynamic: "
-                    "comma-separated; default all)")  # fmt: skip
-    sv.add_argument("--vllm-dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                    help="vLLM's weights and KV cache (default: the dtype our server runs, the "
-                    "checkpoint's own for --dtype auto; vLLM's own auto picks bfloat16 on CPU)")  # fmt: skip
+    sv.add_argument(
+        "--vllm-configs",
+        default=None,
+        help="only these vLLM servers (none, ngram, eagle3, dynamic: comma-separated; default all)",
+    )
+    sv.add_argument(
+        "--vllm-dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="vLLM's weights and KV cache (default: the dtype our server runs, the "
+        "checkpoint's own for --dtype auto; vLLM's own auto picks bfloat16 on CPU)",
+    )
 
 
 def cmd_soak(args) -> int:
@@ -574,14 +729,20 @@ def cmd_soak(args) -> int:
         return tree_rss_kb(pid)
 
     # exactly the share asked for hangs up, spread at random over the run
-    hang_up = set(random.Random(0).sample(range(args.requests),
-                                          round(args.disconnect_share * args.requests)))  # fmt: skip
+    hang_up = set(
+        random.Random(0).sample(range(args.requests), round(args.disconnect_share * args.requests))
+    )
     plan = [i in hang_up for i in range(args.requests)]
 
     def one(i: int, warm: bool = False) -> str:
         row = rows[i % len(rows)]
-        body = {"prompt": row["prompt"], "max_tokens": min(args.max_new_tokens, row["max_new_tokens"]),
-                "temperature": 0, "stream": True, "speculation": {"method": "auto"}}  # fmt: skip
+        body = {
+            "prompt": row["prompt"],
+            "max_tokens": min(args.max_new_tokens, row["max_new_tokens"]),
+            "temperature": 0,
+            "stream": True,
+            "speculation": {"method": "auto"},
+        }
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
             if r.status_code != 200:
                 return f"http {r.status_code}"
@@ -606,9 +767,14 @@ def cmd_soak(args) -> int:
         from prometheus_client.parser import text_string_to_metric_families
 
         text = httpx.get(url + "/metrics", timeout=10).text
-        return int(sum(s.value for fam in text_string_to_metric_families(text)
-                       for s in fam.samples
-                       if s.name == "leapdecode:requests_total" and s.labels.get("status") == "abort"))  # fmt: skip
+        return int(
+            sum(
+                s.value
+                for fam in text_string_to_metric_families(text)
+                for s in fam.samples
+                if s.name == "leapdecode:requests_total" and s.labels.get("status") == "abort"
+            )
+        )
 
     with local_server(args) as (url, pid):
         # warm-up at full concurrency (the allocator's working set for batches of `clients`),
@@ -630,19 +796,28 @@ def cmd_soak(args) -> int:
     ok = counts.get("ok", 0)
     expected_ok = sum(1 for p in plan if not p)
     growth = (after - before) / before
-    lines = ["# Soak: clients that hang up mid-stream", "",
-             f"{args.requests} streaming requests at concurrency {args.clients}, "
-             f"{sum(plan)} of them ({args.disconnect_share:.0%}) hanging up after their first "
-             f"chunk; speculation auto; {wall:.0f} s. `leapdecode bench soak`.", "",
-             "| outcome | requests |", "|---|---|"]  # fmt: skip
+    lines = [
+        "# Soak: clients that hang up mid-stream",
+        "",
+        f"{args.requests} streaming requests at concurrency {args.clients}, "
+        f"{sum(plan)} of them ({args.disconnect_share:.0%}) hanging up after their first "
+        f"chunk; speculation auto; {wall:.0f} s. `leapdecode bench soak`.",
+        "",
+        "| outcome | requests |",
+        "|---|---|",
+    ]
     lines += [f"| {k} | {v} |" for k, v in sorted(counts.items())]
-    lines += ["", f"- completed well-formed: {ok} of the {expected_ok} that did not hang up",
-              f"- the server counted {n_aborted} aborted requests (its /metrics) for the "
-              f"{counts.get('disconnected', 0)} hang-ups",
-              f"- server afterwards: running {health['running']}, waiting {health['waiting']}",
-              f"- server RSS (after a warm-up at concurrency {args.clients}): "
-              f"{before / 1024:.0f} MiB before, {after / 1024:.0f} MiB after ({growth:+.1%}; "
-              f"limit +-10%)", ""]  # fmt: skip
+    lines += [
+        "",
+        f"- completed well-formed: {ok} of the {expected_ok} that did not hang up",
+        f"- the server counted {n_aborted} aborted requests (its /metrics) for the "
+        f"{counts.get('disconnected', 0)} hang-ups",
+        f"- server afterwards: running {health['running']}, waiting {health['waiting']}",
+        f"- server RSS (after a warm-up at concurrency {args.clients}): "
+        f"{before / 1024:.0f} MiB before, {after / 1024:.0f} MiB after ({growth:+.1%}; "
+        f"limit +-10%)",
+        "",
+    ]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "soak.md"), "w") as f:
         f.write("\n".join(lines))

@@ -51,8 +51,13 @@ HINT = (
 )
 
 # our method -> vLLM's counterpart
-COUNTERPART = {"none": "vllm", "ngram": "vllm-ngram", "draft": "vllm-draft",
-               "suffix": "vllm-suffix", "eagle": "vllm-eagle3"}  # fmt: skip
+COUNTERPART = {
+    "none": "vllm",
+    "ngram": "vllm-ngram",
+    "draft": "vllm-draft",
+    "suffix": "vllm-suffix",
+    "eagle": "vllm-eagle3",
+}
 NAMES = (*COUNTERPART.values(), "vllm-leap-suffix", "vllm-leap-ngram")
 INTEGRATION = "leapdecode.integrations.vllm"
 # KV cache per engine: one request of at most 1,024 tokens needs 16 MiB on the embedded target
@@ -110,8 +115,15 @@ def export_eagle3(speculators: list[str] | None, target: str, out: str, dtype: s
     return out
 
 
-def spec_config(name: str, k: int, *, draft: str | None = None, eagle3: str | None = None,
-                lookup: tuple[int, int] | None = None, extra: dict | None = None) -> dict | None:  # fmt: skip
+def spec_config(
+    name: str,
+    k: int,
+    *,
+    draft: str | None = None,
+    eagle3: str | None = None,
+    lookup: tuple[int, int] | None = None,
+    extra: dict | None = None,
+) -> dict | None:
     """vLLM's `speculative_config` for one of NAMES at k tokens (lookup: the n range,
     default ours). A key "_env" holds environment variables the engine needs."""
     lookup = lookup or default_lookup()
@@ -128,17 +140,25 @@ def spec_config(name: str, k: int, *, draft: str | None = None, eagle3: str | No
         # no global cache of earlier outputs: the rounds repeat each prompt, and the cache
         # would hold this very prompt's earlier answers (ours holds only earlier prompts')
         spec |= {"suffix_decoding_max_cached_requests": 0}
-        spec |= ({"method": "suffix"} if name == "vllm-suffix" else
-                 {"method": "custom_class", "model": f"{INTEGRATION}.SuffixProposer"})  # fmt: skip
+        spec |= (
+            {"method": "suffix"}
+            if name == "vllm-suffix"
+            else {"method": "custom_class", "model": f"{INTEGRATION}.SuffixProposer"}
+        )
     elif name == "vllm-eagle3":
         if eagle3 is None:
             raise LeapDecodeError("vllm-eagle3 needs an exported EAGLE-3 head")
         spec |= {"method": "eagle3", "model": eagle3}
     elif name == "vllm-leap-ngram":
         # vLLM clears prompt_lookup_* for custom classes: the n range travels in the environment
-        spec |= {"method": "custom_class", "model": f"{INTEGRATION}.NgramProposer",
-                 "_env": {"LEAPDECODE_PROMPT_LOOKUP_MIN": str(lookup[0]),
-                          "LEAPDECODE_PROMPT_LOOKUP_MAX": str(lookup[1])}}  # fmt: skip
+        spec |= {
+            "method": "custom_class",
+            "model": f"{INTEGRATION}.NgramProposer",
+            "_env": {
+                "LEAPDECODE_PROMPT_LOOKUP_MIN": str(lookup[0]),
+                "LEAPDECODE_PROMPT_LOOKUP_MAX": str(lookup[1]),
+            },
+        }
     else:
         raise LeapDecodeError(f"unknown vLLM configuration {name!r}: use {', '.join(NAMES)}")
     return spec | (extra or {})
@@ -149,9 +169,12 @@ def spec_config(name: str, k: int, *, draft: str | None = None, eagle3: str | No
 # without Intel OpenMP in LD_PRELOAD will cause significant performance loss". The peer gets
 # its recommended set-up: tcmalloc from the system (Debian: libtcmalloc-minimal4, which
 # bench/vllm_env.sh installs where it can), libiomp5 from the vLLM environment (intel-openmp)
-TCMALLOC = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
-            "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4",
-            "/usr/lib64/libtcmalloc_minimal.so.4", "/usr/lib/libtcmalloc_minimal.so.4")  # fmt: skip
+TCMALLOC = (
+    "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+    "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4",
+    "/usr/lib64/libtcmalloc_minimal.so.4",
+    "/usr/lib/libtcmalloc_minimal.so.4",
+)
 
 
 def preload(python: str | None) -> list[str]:
@@ -218,15 +241,22 @@ def _signal_tree(pid: int, sig: int) -> None:
 class Worker:
     """One vLLM engine in a process of its own, spoken to in JSON lines (vllm_worker.py)."""
 
-    def __init__(self, python: str, log_path: str, threads: int | None,
-                 env: dict | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, python: str, log_path: str, threads: int | None, env: dict | None = None
+    ) -> None:
         self.log_path = log_path
         os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
         with open(log_path, "w") as log:
-            self.proc = subprocess.Popen([python, WORKER], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=log, text=True,
-                                         env=worker_env(threads, env, python), cwd=REPO,
-                                         start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                [python, WORKER],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=worker_env(threads, env, python),
+                cwd=REPO,
+                start_new_session=True,
+            )
 
     def call(self, msg: dict) -> dict:
         offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
@@ -238,8 +268,10 @@ class Worker:
             line = ""
         if not line:
             cause = root_cause(self.log_path, offset)
-            raise LeapDecodeError(f"the vLLM worker stopped ({cause or 'no error in its log'}); "
-                                  f"its log: {self.log_path}")  # fmt: skip
+            raise LeapDecodeError(
+                f"the vLLM worker stopped ({cause or 'no error in its log'}); "
+                f"its log: {self.log_path}"
+            )
         reply = json.loads(line)
         if "error" in reply:
             cause = root_cause(self.log_path, offset)
@@ -296,10 +328,19 @@ class VllmPeers:
     """The vLLM configurations of one bench run, each loaded once and kept for the run:
     configs = [(label, spec_config or None)]. Logs in log_dir, one per configuration."""
 
-    def __init__(self, python: str, target: str, configs: list[tuple[str, dict | None]],
-                 dtype: str, max_model_len: int, threads: int | None, log_dir: str = LOGS,
-                 engine_args: dict | None = None, warm_up: int = WARM_UP,
-                 vocab_size: int = 256) -> None:  # fmt: skip
+    def __init__(
+        self,
+        python: str,
+        target: str,
+        configs: list[tuple[str, dict | None]],
+        dtype: str,
+        max_model_len: int,
+        threads: int | None,
+        log_dir: str = LOGS,
+        engine_args: dict | None = None,
+        warm_up: int = WARM_UP,
+        vocab_size: int = 256,
+    ) -> None:
         from tqdm import tqdm
 
         self.workers: dict[str, Worker] = {}
@@ -316,10 +357,16 @@ class VllmPeers:
                 spec = spec or None  # only environment variables: no speculation
                 w = Worker(python, os.path.join(log_dir, _file_name(label) + ".log"), threads, env)
                 self.workers[label] = w
-                reply = w.call({"op": "load", "model": os.path.abspath(target),
-                                "dtype": dtype, "max_model_len": max_model_len,
-                                "speculative_config": spec,
-                                "engine_args": ENGINE_ARGS | (engine_args or {})})  # fmt: skip
+                reply = w.call(
+                    {
+                        "op": "load",
+                        "model": os.path.abspath(target),
+                        "dtype": dtype,
+                        "max_model_len": max_model_len,
+                        "speculative_config": spec,
+                        "engine_args": ENGINE_ARGS | (engine_args or {}),
+                    }
+                )
                 self.load_s[label] = reply["load_s"]
                 for _ in range(warm_up):
                     w.call({"op": "generate", "ids": warm_ids, "max_new_tokens": warm_new})
@@ -353,8 +400,12 @@ def _file_name(label: str) -> str:
 def check_python(python: str) -> str:
     """vLLM's version in that interpreter, or a clear error (checked before any load)."""
     try:
-        out = subprocess.run([python, "-c", "import vllm, sys; sys.stdout.write(vllm.__version__)"],
-                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        out = subprocess.run(
+            [python, "-c", "import vllm, sys; sys.stdout.write(vllm.__version__)"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise LeapDecodeError(f"{python} could not be run ({e}): {HINT}") from None
     if out.returncode != 0:

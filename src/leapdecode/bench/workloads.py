@@ -159,8 +159,9 @@ def free(files, rng: random.Random, n: int, used: set | None = None) -> list[dic
     ]
 
 
-def _pick(cands: list, rng: random.Random, n: int, used: set | None = None,
-          key=lambda c: (c[0], c[1])) -> list:  # fmt: skip
+def _pick(
+    cands: list, rng: random.Random, n: int, used: set | None = None, key=lambda c: (c[0], c[1])
+) -> list:
     """n candidates at random, each from a (file, function) no prompt has used yet: the same
     code in two prompts would let a method that remembers earlier outputs (suffix) copy."""
     used = set() if used is None else used

@@ -1,35 +1,18 @@
 """What a step costs on this machine: the target's verify forward and a draft forward.
 
-Profiled once (when `auto` is first needed, or at server start): forwards of B sequences x T
-new tokens each over a cached prefix of L tokens, on a grid B in {1, 2, 4, ...} up to the
-slot count, T in {1, 2, 4, 8, 16} and L in {256, 768} (a typical prompt and a long one, both
-clamped to the context). A forward's cost is flat in T while per-operator overhead dominates
-and grows linearly once arithmetic does, so no single line fits it; and every new row
-attends over the batch's longest cached prefix (the KV cache is read up to it), which on a
-small model weighs as much as its MLP at a few hundred tokens. The measured table is kept
-and interpolated (linearly in B and L, extrapolated linearly past the last grid point):
+Profiled once (when `auto` is first needed, or at server start) on a grid of batch sizes B,
+new tokens a row T and cached prefixes L, the table kept and interpolated, because a small
+model's forward is flat in T while per-operator overhead dominates and linear once arithmetic
+does, so no single line fits it:
 
-    verify_s(B, R, L) = table(B, R / B, L)  (R = the step's forward rows; L = the batch's
-                                             longest sequence)
-    draft_s(B)      = table_d(B)           (one draft forward of B one-token rows)
-    catch_up_s(n)   = n * per-token cost   (the draft feeding n tokens it has not seen: a
-                                            prompt, or what other methods accepted)
+    verify_s(B, R, L) = table(B, R / B, L)  (R = the step's forward rows)
+    draft_s(B)        = table_d(B)          (one draft forward of B one-token rows)
+    catch_up_s(n)     = n * per-token cost  (the draft feeding n tokens it has not seen)
 
-and kept honest afterwards, as served forwards do not keep the profile's level or shape
-(min-of-3 forwards on a fresh cache, with contiguous slots): every step's measured forward
-time nudges a correction factor per batch size of the grid (a running mean of measured /
-predicted, then an EMA; shared between the grid sizes around the step's B as interpolation
-weighs them; a size not served yet takes the factor of all steps), and a relative one per
-(B, T) cell for what is left. One factor for all steps was not enough: small batches' forwards
-(the tail of a run) are dearer against the table than B = 16's, and their steps inflated the
-factor; B = 16 at T = 5, never tried once auto drafted longer, was priced at about 80 ms
-where it cost about 50, so auto kept to longer drafts than were worth it (C = 16 engine-level
-closed loop: auto 270 tokens/s, the same capped at 4 drafts 289). Two more figures are learnt from
-measured steps only (moving averages): what one proposal of each draftless or head method
-costs (`propose_s`: the n-gram lookup, the suffix trie walk, a Medusa or EAGLE tree), and
-the step's fixed overhead outside the forwards and proposals (`overhead_s`: planning,
-verification, bookkeeping), which every step pays whatever it drafts, so a longer draft
-spreads it over more tokens.
+and kept honest afterwards from every measured step (served forwards do not keep the
+profile's level or shape): a correction factor per batch size and a relative one per (B, T)
+cell, and moving averages of each method's proposal cost and of the step's fixed overhead.
+Why each of these, with the measurements: docs/auto_planning.md.
 """
 
 from __future__ import annotations
@@ -68,8 +51,9 @@ def _time_forward(model: CausalLM, batch: int, new: int, cached: int, reps: int)
 
 
 class CostModel:
-    def __init__(self, batches=(1,), news=(1, 2), verify=((1.0, 2.0),), draft=(0.5,),
-                 contexts=(256,)) -> None:  # fmt: skip
+    def __init__(
+        self, batches=(1,), news=(1, 2), verify=((1.0, 2.0),), draft=(0.5,), contexts=(256,)
+    ) -> None:
         """verify[c][i][j]: seconds for batches[i] sequences x news[j] tokens over cached
         prefixes of contexts[c] tokens (a 2-d table: one context); draft[i]: one draft
         forward of batches[i] sequences. The default is a made-up placeholder."""
@@ -80,8 +64,10 @@ class CostModel:
         if verify.ndim == 2:
             verify = verify[None]
         if verify.shape != (len(self.contexts), len(self.batches), len(self.news)):
-            raise ValueError(f"verify table {verify.shape} does not match the grid "
-                             f"{len(contexts)} x {len(batches)} x {len(news)}")  # fmt: skip
+            raise ValueError(
+                f"verify table {verify.shape} does not match the grid "
+                f"{len(contexts)} x {len(batches)} x {len(news)}"
+            )
         self.verify = verify  # [len(contexts), len(batches), len(news)]
         self._by_batch: dict[int, list[np.ndarray]] = {}  # batch -> its rows of the table
         self.draft = np.asarray(draft, dtype=float)  # [len(batches)]
@@ -96,8 +82,14 @@ class CostModel:
         self.overhead_s = 0.0  # seconds of a step outside its forwards and proposals
 
     @classmethod
-    def profile(cls, target: CausalLM, draft: CausalLM | None, max_batch: int,
-                cached: int = 256, reps: int = 3) -> CostModel:  # fmt: skip
+    def profile(
+        cls,
+        target: CausalLM,
+        draft: CausalLM | None,
+        max_batch: int,
+        cached: int = 256,
+        reps: int = 3,
+    ) -> CostModel:
         """Measure on the engine's own (allocated, empty) caches; leaves them empty."""
         batches = sorted({b for b in BATCHES if b <= max_batch} | {max_batch})
         for m in (target, draft) if draft is not None else (target,):
@@ -206,8 +198,9 @@ class CostModel:
         by_new = self._by_new(batch, context)  # [len(news)]
         n = self.news
         slope = (by_new[-1] - by_new[-2]) / (n[-1] - n[-2])
-        t = np.where(per_seq >= n[-1], by_new[-1] + slope * (per_seq - n[-1]),
-                     np.interp(per_seq, n, by_new))  # fmt: skip
+        t = np.where(
+            per_seq >= n[-1], by_new[-1] + slope * (per_seq - n[-1]), np.interp(per_seq, n, by_new)
+        )
         return self._level(batch) * np.interp(per_seq, n, self._shape_by_new(batch)) * t
 
     def catch_up_s(self, tokens: int | np.ndarray) -> float | np.ndarray:
@@ -232,9 +225,18 @@ class CostModel:
             out = np.where(x >= b[-1], d[-1] + slope * (x - b[-1]), d[i] * (1 - w) + d[i + 1] * w)
         return np.where(x == 0, 0.0, self.draft_scale * out)
 
-    def observe(self, batch: int, rows: int, verify_s: float, draft_steps: int, draft_batch: int,
-                propose_s: float, catch_up: int = 0, rate: float = 0.05,
-                context: float | None = None) -> None:  # fmt: skip
+    def observe(
+        self,
+        batch: int,
+        rows: int,
+        verify_s: float,
+        draft_steps: int,
+        draft_batch: int,
+        propose_s: float,
+        catch_up: int = 0,
+        rate: float = 0.05,
+        context: float | None = None,
+    ) -> None:
         """Fold one measured step into the correction factors (catch_up: tokens the draft
         model fed before drafting; context: the batch's longest sequence)."""
         per_seq = max(1.0, rows / max(1, batch))
@@ -266,8 +268,9 @@ class CostModel:
         """Seconds of one proposal by `method` (the default until one is measured)."""
         return self.propose.get(method, default)
 
-    def observe_step(self, propose_s: dict[str, float], overhead_s: float,
-                     rate: float = 0.1) -> None:  # fmt: skip
+    def observe_step(
+        self, propose_s: dict[str, float], overhead_s: float, rate: float = 0.1
+    ) -> None:
         """Fold one step's measured proposal times (draft model excepted: see `observe`)
         and its overhead into their moving averages; the first measurement is taken whole."""
         for method, seconds in propose_s.items():
@@ -278,12 +281,19 @@ class CostModel:
             self.overhead_s = overhead_s if old == 0 else old + rate * (overhead_s - old)
 
     def as_dict(self) -> dict:
-        return {"batches": self.batches.tolist(), "new_tokens": self.news.tolist(),
-                "contexts": self.contexts.tolist(),
-                "verify_s": self.verify.tolist(), "draft_s": self.draft.tolist(),
-                "verify_scale": self.verify_scale, "batch_scale": np.where(self.batch_seen > 0, self.batch_scale,
-                                                self.verify_scale).tolist(),
-                "verify_shape": self.verify_shape.tolist(),
-                "draft_scale": self.draft_scale,
-                "draft_token_s": self.draft_token_s,
-                "propose_s": dict(self.propose), "overhead_s": self.overhead_s}  # fmt: skip
+        return {
+            "batches": self.batches.tolist(),
+            "new_tokens": self.news.tolist(),
+            "contexts": self.contexts.tolist(),
+            "verify_s": self.verify.tolist(),
+            "draft_s": self.draft.tolist(),
+            "verify_scale": self.verify_scale,
+            "batch_scale": np.where(
+                self.batch_seen > 0, self.batch_scale, self.verify_scale
+            ).tolist(),
+            "verify_shape": self.verify_shape.tolist(),
+            "draft_scale": self.draft_scale,
+            "draft_token_s": self.draft_token_s,
+            "propose_s": dict(self.propose),
+            "overhead_s": self.overhead_s,
+        }

@@ -50,9 +50,12 @@ PREFILL_PAD_ROWS = 64  # ... or this many rows (cheaper than another forward's f
 PREFILL_TOKENS = 1024  # a prefill forward of several prompts holds at most this many rows
 
 
-def length_groups(lengths: list[int], slack: float = PREFILL_PADDING,
-                  pad_rows: int = PREFILL_PAD_ROWS,
-                  budget: int = PREFILL_TOKENS) -> list[list[int]]:  # fmt: skip
+def length_groups(
+    lengths: list[int],
+    slack: float = PREFILL_PADDING,
+    pad_rows: int = PREFILL_PAD_ROWS,
+    budget: int = PREFILL_TOKENS,
+) -> list[list[int]]:
     """Indices of `lengths` in groups to prefill together: longest first, a group grows while
     its padding (rows padded to its longest, less its real tokens) stays within slack x its
     real tokens or pad_rows, and its rows (padding included) within budget. One right-padded
@@ -96,7 +99,8 @@ def check_spec(spec, backend: str, has_draft: bool, heads) -> None:
             f"wrote (or put it beside the target as <target>-{spec.method})"
         )
     tree = spec.method in ("lookahead", "medusa", "eagle") or (
-        spec.use_tree_spec and (spec.may_use("ngram") or spec.may_use("suffix")))  # fmt: skip
+        spec.use_tree_spec and (spec.may_use("ngram") or spec.may_use("suffix"))
+    )
     if tree and backend != "native":
         raise LeapDecodeError(
             f"{spec.method} with a draft tree needs tree attention, which the "
@@ -106,20 +110,31 @@ def check_spec(spec, backend: str, has_draft: bool, heads) -> None:
 
 
 class Engine:
-    def __init__(self, target: CausalLM, draft: CausalLM | None = None, max_num_seqs: int = 16,
-                 metrics=None, suffix_decoding_max_tree_depth: int = 24,
-                 suffix_decoding_max_cached_requests: int = 10_000, medusa=None,
-                 eagle=None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        target: CausalLM,
+        draft: CausalLM | None = None,
+        max_num_seqs: int = 16,
+        metrics=None,
+        suffix_decoding_max_tree_depth: int = 24,
+        suffix_decoding_max_cached_requests: int = 10_000,
+        medusa=None,
+        eagle=None,
+    ) -> None:
         if max_num_seqs < 1:
             raise LeapDecodeError("max_num_seqs must be >= 1")
         self.target = target
         self.max_num_seqs = max_num_seqs
         self.max_len = target.max_context + MAX_K + 1  # room for drafts past the last token
-        if not (isinstance(suffix_decoding_max_tree_depth, int) and
-                2 <= suffix_decoding_max_tree_depth <= 256):  # fmt: skip
+        if not (
+            isinstance(suffix_decoding_max_tree_depth, int)
+            and 2 <= suffix_decoding_max_tree_depth <= 256
+        ):
             raise LeapDecodeError("suffix_decoding_max_tree_depth must be an integer in 2..256")
-        if not (isinstance(suffix_decoding_max_cached_requests, int)
-                and suffix_decoding_max_cached_requests >= 0):  # fmt: skip
+        if not (
+            isinstance(suffix_decoding_max_cached_requests, int)
+            and suffix_decoding_max_cached_requests >= 0
+        ):
             raise LeapDecodeError(
                 "suffix_decoding_max_cached_requests must be an integer >= 0 (0: no global tree)"
             )
@@ -128,7 +143,7 @@ class Engine:
             "ngram": NgramProposer(),
             "suffix": SuffixProposer(
                 suffix_decoding_max_tree_depth, suffix_decoding_max_cached_requests
-            ),  # fmt: skip
+            ),
             "lookahead": LookaheadProposer(),
         }
         if draft is not None:
@@ -210,8 +225,11 @@ class Engine:
     def step(self) -> list[tuple[Sequence, list[int]]]:
         """One engine step; returns (sequence, tokens it gained) for every sequence touched.
         A finished sequence (seq.finished) has left the engine when this returns."""
-        if (self.scheduler.cost is None and not self.running
-                and any(s.spec.method == "auto" for s in self.waiting)):  # fmt: skip
+        if (
+            self.scheduler.cost is None
+            and not self.running
+            and any(s.spec.method == "auto" for s in self.waiting)
+        ):
             self.scheduler.ensure_cost_model()  # needs empty caches: profile while idle
         t0 = time.perf_counter()
         self.last_step_ks = []
@@ -265,8 +283,9 @@ class Engine:
                 done[id(s)] = (s, toks)
         return [done[id(s)] for s in seqs]
 
-    def _prefill_group(self, seqs: list[Sequence],
-                       admitted: float) -> list[tuple[Sequence, list[int]]]:  # fmt: skip
+    def _prefill_group(
+        self, seqs: list[Sequence], admitted: float
+    ) -> list[tuple[Sequence, list[int]]]:
         t0 = time.perf_counter()
         tokens, lengths = pad_right([s.tokens for s in seqs])
         slots = self._slots(seqs)
@@ -317,48 +336,86 @@ class Engine:
         for p in self.proposers.values():
             if p.wants_hidden and any(s.spec.may_use(p.name) for s in seqs):
                 layers = [want.layers.index(j) for j in p.wants_hidden.layers]
-                p.target_hidden(seqs, [h[:, layers] if h is not None and layers else None
-                                       for h in hidden], final)  # fmt: skip
+                p.target_hidden(
+                    seqs,
+                    [h[:, layers] if h is not None and layers else None for h in hidden],
+                    final,
+                )
 
     def _decode(self, seqs: list[Sequence]) -> list[tuple[Sequence, list[int]]]:
+        """One step of the running sequences: plan, propose, one target forward over every
+        row's last token and drafts, accept (verify.py), roll the caches back to what was
+        accepted, and commit the new tokens."""
         t0 = time.perf_counter()
         plan = self.scheduler.plan(seqs)  # [(method, k)] per sequence
+        groups, drafts, propose_s = self._propose(seqs, plan)
+        t1 = time.perf_counter()
+        slots, want = self._slots(seqs), self._wanted(seqs)
+        cached = self.target.lengths(slots)  # [B]
+        last = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.long)  # [B, 1]
+        inputs = torch.cat([last, drafts.tokens], dim=1)  # [B, k+1]
+        logits, outs, spans = self._score(inputs, slots, want, drafts)
+        t2 = time.perf_counter()
+        paths, n_accepted, next_tokens = self._verify(seqs, logits, drafts)
+        self._roll_back(slots, cached, drafts, paths, n_accepted)
+        self._feed(seqs, groups, logits, n_accepted)
+        added = []
+        for i, s in enumerate(seqs):
+            new = inputs[i, paths[i, : n_accepted[i]]].tolist() + [next_tokens[i]]
+            added.append((s, s.append(new)))
+        if outs is not None:  # the root and the accepted path are cached for good
+            zero = torch.zeros(1, dtype=torch.long)
+            kept = [torch.cat([zero, paths[i, : n_accepted[i]]]) for i in range(len(seqs))]
+            self._share_hidden(seqs, outs, want, kept)
+        self._record(
+            seqs, plan, drafts, n_accepted, propose_s, spans, (t0, t1, t2, time.perf_counter())
+        )
+        return added
+
+    def _propose(self, seqs, plan) -> tuple[dict[str, list[int]], Drafts, dict[str, float]]:
+        """Each planned method's drafts for its rows, merged into one batch: (rows by
+        method, drafts, each method's propose time)."""
         groups: dict[str, list[int]] = {}
         for i, (method, k) in enumerate(plan):
             if k > 0:
                 groups.setdefault(method, []).append(i)
-        parts, propose_s = [], {}  # each method's propose time, for the cost model
+        parts, propose_s = [], {}
         for method, rows in groups.items():
-            proposer = self.proposers[method]
             tp = time.perf_counter()
-            parts.append(
-                (rows, proposer.propose([seqs[i] for i in rows], [plan[i][1] for i in rows]))
+            drafts = self.proposers[method].propose(
+                [seqs[i] for i in rows], [plan[i][1] for i in rows]
             )
+            parts.append((rows, drafts))
             propose_s[method] = time.perf_counter() - tp
-        drafts = Drafts.merge(parts, len(seqs), self.target.vocab_size)
-        t1 = time.perf_counter()
-        slots = self._slots(seqs)
-        last = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.long)  # [B, 1]
-        want = self._wanted(seqs)
-        inputs = torch.cat([last, drafts.tokens], dim=1)  # [B, k+1]
-        cached = self.target.lengths(slots)  # [B]
-        spans = drafts.counts.tolist()  # the longest run a row can accept
-        if drafts.parents is None:  # a backend that packs rows skips each row's padding
-            logits, outs = self._forward(inputs, slots, want, counts=1 + drafts.counts)
-        else:
-            mask = ancestor_mask(drafts.parents, drafts.counts)  # [B, k+1, k+1]
-            depth = depths(mask)  # [B, k+1]
-            logits, outs = self._forward(inputs, slots, want, tree_mask=mask,
-                                         position_offsets=depth)  # fmt: skip
-            spans = depth.max(1).values.tolist()  # padding sits at depth 1, under the root
-            spans = [min(d, c) for d, c in zip(spans, drafts.counts.tolist(), strict=True)]
-        t2 = time.perf_counter()
-        paths, n_accepted, next_tokens = self._verify(seqs, logits, drafts)
+        return groups, Drafts.merge(parts, len(seqs), self.target.vocab_size), propose_s
+
+    def _score(self, inputs, slots, want: HiddenRequest, drafts: Drafts):
+        """The target's forward over every row's last token and drafts (chains: each row's
+        own tokens where the backend packs rows; trees: under their ancestor mask).
+        Returns (logits [B, k+1, V], hidden outputs or None, the longest run each row can
+        accept)."""
         if drafts.parents is None:
-            self.target.truncate(slots, cached + 1 + torch.tensor(n_accepted))
-        else:  # keep the root and the accepted path
-            picked = torch.cat([torch.zeros(len(seqs), 1, dtype=torch.long), paths], dim=1)
-            self.target.keep(slots, cached, picked, 1 + torch.tensor(n_accepted))
+            logits, outs = self._forward(inputs, slots, want, counts=1 + drafts.counts)
+            return logits, outs, drafts.counts.tolist()
+        mask = ancestor_mask(drafts.parents, drafts.counts)  # [B, k+1, k+1]
+        depth = depths(mask)  # [B, k+1]
+        logits, outs = self._forward(inputs, slots, want, tree_mask=mask, position_offsets=depth)
+        spans = depth.max(1).values.tolist()  # padding sits at depth 1, under the root
+        return logits, outs, [min(d, c) for d, c in zip(spans, drafts.counts.tolist(), strict=True)]
+
+    def _roll_back(self, slots, cached, drafts: Drafts, paths, n_accepted: list[int]) -> None:
+        """Keep in the target's cache the last token and the accepted drafts (a tree's
+        accepted path moved into place), nothing after."""
+        n = 1 + torch.tensor(n_accepted)
+        if drafts.parents is None:
+            self.target.truncate(slots, cached + n)
+        else:
+            picked = torch.cat([torch.zeros(len(paths), 1, dtype=torch.long), paths], dim=1)
+            self.target.keep(slots, cached, picked, n)
+
+    def _feed(self, seqs, groups: dict[str, list[int]], logits, n_accepted: list[int]) -> None:
+        """Tell each proposer what became of its drafts (and, where it asks, the target's
+        own choices at every position)."""
         argmax = None
         for method, rows in groups.items():
             proposer = self.proposers[method]
@@ -367,30 +424,24 @@ class Engine:
                 argmax = logits.argmax(-1).cpu() if argmax is None else argmax  # [B, k+1]
                 proposer.observe_target(group, argmax[rows])
             proposer.accepted(group, [n_accepted[i] for i in rows])
+
+    def _record(self, seqs, plan, drafts: Drafts, n_accepted, propose_s, spans, times) -> None:
+        """The step's figures: each sequence's stats, and what the scheduler learns from
+        (acceptance, the forward's time, the step's overhead outside forward and proposals)."""
+        t0, t1, t2, t3 = times
         counts = drafts.counts.tolist()
         self.last_step_ks = counts
-        added = []
-        for i, s in enumerate(seqs):
-            s.stats.record_step(counts[i], n_accepted[i])
-            if counts[i]:
-                s.method_used = plan[i][0]
-            new = inputs[i, paths[i, : n_accepted[i]]].tolist() + [next_tokens[i]]
-            added.append((s, s.append(new)))
-        if outs is not None:  # the root and the accepted path are cached for good
-            self._share_hidden(seqs, outs, want, [torch.cat([torch.zeros(1, dtype=torch.long),
-                                                       paths[i, : n_accepted[i]]])
-                                            for i in range(len(seqs))])  # fmt: skip
-        t3 = time.perf_counter()
         overhead_s = (t3 - t0) - (t2 - t1) - sum(propose_s.values())  # planning, verifying
         packed = drafts.parents is None and self.target.packs_rows
-        self.scheduler.observe(seqs, plan, counts, n_accepted, propose_s, t2 - t1, spans,
-                               overhead_s, packed)  # fmt: skip
-        for s in seqs:
+        self.scheduler.observe(
+            seqs, plan, counts, n_accepted, propose_s, t2 - t1, spans, overhead_s, packed
+        )
+        for i, s in enumerate(seqs):
+            s.stats.record_step(counts[i], n_accepted[i])
             s.stats.propose_s += t1 - t0
             s.stats.verify_s += t2 - t1
             s.stats.accept_s += t3 - t2
             s.stats.decode_s = t3 - s.stats.first_token_s
-        return added
 
     def _verify(self, seqs, logits, drafts: Drafts) -> tuple[torch.Tensor, list[int], list[int]]:
         """The acceptance rule (verify.py) for the whole batch, in at most three calls:
@@ -428,9 +479,15 @@ class Engine:
         every = len(greedy) == batch
         if greedy and drafts.parents is not None:
             idx = torch.tensor(greedy)
-            keep(greedy, *tree_greedy_accept(logits if every else logits[idx.to(dev)],
-                                             drafts.tokens[idx], parents[idx],
-                                             drafts.counts[idx]))  # fmt: skip
+            keep(
+                greedy,
+                *tree_greedy_accept(
+                    logits if every else logits[idx.to(dev)],
+                    drafts.tokens[idx],
+                    parents[idx],
+                    drafts.counts[idx],
+                ),
+            )
         elif greedy:
             idx = torch.tensor(greedy, device=dev)
             rows = logits if every else logits[idx]
@@ -449,8 +506,11 @@ class Engine:
             idx = torch.tensor(matched)
             p = process_rows(logits[idx.to(dev)], [seqs[i].params for i in matched])
             depth = depths(ancestor_mask(parents[idx], drafts.counts[idx]))  # [M, k+1]
-            u = torch.stack([seqs[i].uniforms(seqs[i].n_out, k + 1)[depth[j]]
-                             for j, i in enumerate(matched)])  # fmt: skip
-            keep(matched, *sample_match_accept(p, drafts.tokens[idx], parents[idx],
-                                               drafts.counts[idx], u))  # fmt: skip
+            u = torch.stack(
+                [seqs[i].uniforms(seqs[i].n_out, k + 1)[depth[j]] for j, i in enumerate(matched)]
+            )
+            keep(
+                matched,
+                *sample_match_accept(p, drafts.tokens[idx], parents[idx], drafts.counts[idx], u),
+            )
         return paths, n_acc, nxt

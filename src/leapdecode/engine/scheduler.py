@@ -1,28 +1,19 @@
 """Which method and how many draft tokens each running sequence gets this step.
 
 Fixed methods take their configured k (never past what the sequence may still emit).
-`auto` decides for the whole batch at once, each step: verifying speculation for one
-request is compute not spent on another, so it maximises the batch's goodput
+`auto` plans the whole batch at once, each step, because verifying one request's drafts is
+compute not spent on another: it maximises the batch's goodput, the tokens the step is
+expected to emit over what it costs,
 
-    goodput = sum_i E_i(k_i) / (overhead + verify_s(B, B (1 + max_i k_i), L)
-                                + draft_s(B_draft) * max k_draft + sum_m propose_s(m))
+    goodput = sum_i E_i(k_i) / (overhead + verify_s(B, R, L) + draft forwards + proposals)
 
-(a step's drafts are padded to the longest, and every row attends over the batch's longest
-sequence, L, or, where the target reads each row's own context, their mean), where E_i(k) = 1 + r_1 + r_1 r_2 + ... + r_1 ... r_k is the expected number of tokens
-sequence i emits with k drafts, r_j being its running estimate, for that method, of the
-chance that draft position j is accepted once positions 1..j-1 were (estimates by draft
-position: a copied span that matched four tokens tends to match the fifth, which one
-flat rate per request would miss; and by the kind of draft on offer, `_bucket`: auto drafts
-with suffix exactly where n-grams found nothing, so a suffix estimate averaged over long and
-short matches would overrate the short ones it is offered then), and the costs come from `CostModel` (profiled on this
-machine, then refreshed from measured steps: the forwards, each method's proposal, and the
-step's fixed overhead, which a longer draft spreads over more tokens); `_auto` says how the
-plan is found. Trained heads (medusa, eagle), when loaded, are options too: a tree of a
-fixed size (HEAD_TREE x the request's k) worth E over its depth, r_j being the head's
-running acceptance at tree depth j. A sequence whose text repeats gets n-gram or suffix
-drafts for next to nothing (no draft forwards); a busy batch, where a verify row costs as
-much as it brings, gets k = 0. There is no threshold table, so there is no cliff: k falls
-smoothly as rows get dearer.
+where E_i(k) = 1 + r_1 + r_1 r_2 + ... + r_1 ... r_k, r_j being the running estimate (per
+request, method and kind of draft on offer, `_bucket`) that draft position j is accepted
+once 1..j-1 were; R is the step's forward rows (each row padded to the longest draft, or,
+where the target packs rows, its own), L the context that prices it; the costs come from
+`CostModel`. Trained heads (medusa, eagle) are options too: a tree worth E over its depth.
+There is no threshold table, so there is no cliff: k falls smoothly as rows get dearer.
+The reasoning and the measurements behind each choice: docs/auto_planning.md.
 """
 
 from __future__ import annotations
@@ -119,8 +110,9 @@ class _Estimate:
             out[j] = w * rates[j] + (1 - w) * out[j - 1]
         return _Estimate(np.array(out))
 
-    def update(self, proposed: int, accepted: int, weight: float = EMA,
-               pseudo: float | None = None) -> None:  # fmt: skip
+    def update(
+        self, proposed: int, accepted: int, weight: float = EMA, pseudo: float | None = None
+    ) -> None:
         """Positions 1..accepted are successes; the first rejected one (if any) a failure;
         the positions after it were not tried. pseudo: the starting rates count as this many
         outcomes, so a position's rate is the running mean of its outcomes (and that many
@@ -145,8 +137,9 @@ class _Estimate:
 
 
 class Scheduler:
-    def __init__(self, proposers: dict, target: CausalLM,
-                 profile: Callable[[], CostModel] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, proposers: dict, target: CausalLM, profile: Callable[[], CostModel] | None = None
+    ) -> None:
         """proposers: the engine's, by method name (read as they are at each plan); target:
         the model whose steps are planned (what prices them: whether it packs rows, reads
         each row's own context; its depth); profile: measures the step costs when `auto`
@@ -208,9 +201,18 @@ class Scheduler:
             self.estimates[key] = self._global(method, bucket).prior()
         return self.estimates[key]
 
-    def observe(self, seqs, plan, counts, n_accepted, propose_s: dict[str, float],
-                verify_s: float, spans=None, overhead_s: float = 0.0,
-                packed: bool = False) -> None:  # fmt: skip
+    def observe(
+        self,
+        seqs,
+        plan,
+        counts,
+        n_accepted,
+        propose_s: dict[str, float],
+        verify_s: float,
+        spans=None,
+        overhead_s: float = 0.0,
+        packed: bool = False,
+    ) -> None:
         """counts: draft tokens (tree nodes) verified per row; spans: the longest run each row
         could accept (a tree's depth; a chain's length, the default); propose_s: each
         method's propose time this step; overhead_s: the step's time outside the forwards
@@ -223,17 +225,24 @@ class Scheduler:
             if spans[i] and method in PRIOR:
                 bucket = self._bucket_of(seqs[i], method)
                 self._estimate(seqs[i], method, bucket).update(spans[i], n_accepted[i])
-                self._global(method, bucket).update(spans[i], n_accepted[i], GLOBAL_EMA,
-                                                   GLOBAL_PSEUDO)  # fmt: skip
+                self._global(method, bucket).update(
+                    spans[i], n_accepted[i], GLOBAL_EMA, GLOBAL_PSEUDO
+                )
             self.k_counts[counts[i]] = self.k_counts.get(counts[i], 0) + 1
             self._shadow_outcomes(seqs[i], method if spans[i] else None)
         if self.cost is not None:
             steps = max((counts[i] for i in draft_rows), default=0)
-            self.cost.observe(len(seqs), rows, verify_s, steps, len(draft_rows),
-                              propose_s.get("draft", 0.0), self.catch_up,
-                              context=self._context(seqs))  # fmt: skip
-            self.cost.observe_step({m: t for m, t in propose_s.items() if m != "draft"},
-                                   overhead_s)  # fmt: skip
+            self.cost.observe(
+                len(seqs),
+                rows,
+                verify_s,
+                steps,
+                len(draft_rows),
+                propose_s.get("draft", 0.0),
+                self.catch_up,
+                context=self._context(seqs),
+            )
+            self.cost.observe_step({m: t for m, t in propose_s.items() if m != "draft"}, overhead_s)
 
     def _shadow_outcomes(self, seq: Sequence, verified: str | None) -> None:
         """Score the chains the free methods offered `seq` and did not draft this step
@@ -267,8 +276,9 @@ class Scheduler:
         if auto:
             self._auto(seqs, plan, auto)
             self._learn_draft_share([seqs[i] for i in auto], [plan[i] for i in auto])
-        self.catch_up = sum(self._unseen(s) for s, p in zip(seqs, plan, strict=True)
-                            if p[0] == "draft" and p[1] > 0)  # fmt: skip
+        self.catch_up = sum(
+            self._unseen(s) for s, p in zip(seqs, plan, strict=True) if p[0] == "draft" and p[1] > 0
+        )
         return plan  # type: ignore[return-value]
 
     def _learn_draft_share(self, seqs: list[Sequence], plan) -> None:
@@ -278,9 +288,11 @@ class Scheduler:
         draft = self.proposers.get("draft")
         if draft is None:
             return
-        fed = [p[0] == "draft" and p[1] > 0 for s, p in zip(seqs, plan, strict=True)
-               if s.spec.may_use("draft") and s.room() > 1
-               and draft.fed.get(s.id, 0) >= s.prompt_len]  # fmt: skip
+        fed = [
+            p[0] == "draft" and p[1] > 0
+            for s, p in zip(seqs, plan, strict=True)
+            if s.spec.may_use("draft") and s.room() > 1 and draft.fed.get(s.id, 0) >= s.prompt_len
+        ]
         for used in fed:
             self.draft_share += DRAFT_SHARE_EMA * (float(used) - self.draft_share)
 
@@ -317,8 +329,12 @@ class Scheduler:
         suffix = self.proposers["suffix"]
         # a full-length n-gram draft that is worth at least the best suffix draft could be
         # makes the suffix trie walk pointless this step (it costs about a millisecond)
-        dominated = free and avail == free and est.gains(free)[-1] >= self._estimate(
-            seq, "suffix", _bucket("suffix", free)).gains(free)[-1]  # fmt: skip
+        dominated = (
+            free
+            and avail == free
+            and est.gains(free)[-1]
+            >= self._estimate(seq, "suffix", _bucket("suffix", free)).gains(free)[-1]
+        )
         skip = dominated or "suffix" not in allowed
         tokens, parents, _ = ([], [], 0.0) if skip else suffix.speculate(seq, free)
         avail = len(tokens)
@@ -334,8 +350,7 @@ class Scheduler:
         # per-position sample (verify.py), it then emits what plain sampling with its seed
         # emits, whatever auto chose step by step. Draft-model steps would change the tokens.
         seeded = seq.params.seed is not None and not seq.params.greedy
-        if "draft" in self.proposers and "draft" in allowed and min(k, limit) > 0 \
-                and not seeded:  # fmt: skip
+        if "draft" in self.proposers and "draft" in allowed and min(k, limit) > 0 and not seeded:
             opts.append(("draft", min(k, limit), self._estimate(seq, "draft"), None))
         size = min(MAX_K, HEAD_TREE * k, limit)  # heads draft deterministic trees
         for name in ("medusa", "eagle"):
@@ -351,11 +366,13 @@ class Scheduler:
         one head step per depth, each about two target layers' worth of a decode step (a
         layer, plus its head and tree upkeep)."""
         if "eagle" not in self.proposers or not any(
-                "eagle" in seqs[i].spec.auto_methods for i in auto):  # fmt: skip
+            "eagle" in seqs[i].spec.auto_methods for i in auto
+        ):
             return 0.0
         layers = max(1, int(getattr(self.target.config, "num_hidden_layers", 1)))
-        depth = max(seqs[i].spec.speculative_num_steps for i in auto
-                    if "eagle" in seqs[i].spec.auto_methods)  # fmt: skip
+        depth = max(
+            seqs[i].spec.speculative_num_steps for i in auto if "eagle" in seqs[i].spec.auto_methods
+        )
         return cost.propose_s("eagle", depth * 2 * cost.verify_s(1, 1) / layers)
 
     def _auto_alone(self, seq: Sequence, opts, cost: CostModel) -> tuple[str, int]:
@@ -461,8 +478,11 @@ class Scheduler:
         best = np.maximum.accumulate(gain, axis=2)  # [A, method, K+1]
         prev = np.concatenate([np.full((a, n_m, 1), -np.inf), best[:, :, :-1]], axis=2)
         k_at = np.maximum.accumulate(np.where(gain > prev, ks, 0), axis=2)  # [A, method, K+1]
-        propose = {m: self._eagle_s(cost, seqs, auto) if m == "eagle" else cost.propose_s(m)
-                   for m in methods if m != "draft"}  # fmt: skip
+        propose = {
+            m: self._eagle_s(cost, seqs, auto) if m == "eagle" else cost.propose_s(m)
+            for m in methods
+            if m != "draft"
+        }
         fixed_propose = sum(propose.get(m, 0.0) for m in fixed_used)
         verify = cost.verify_curve(
             n, n * (1 + max(top, fixed_k)), self._context(seqs)
@@ -503,8 +523,13 @@ class Scheduler:
             longest = np.maximum(fixed_k, k.max(1))  # [D, C]
             drafting = (m == DRAFT) & (k > 0)  # [D, A, C]
             dk = np.maximum(fixed_dk, np.where(drafting, k, 0).max(1))  # [D, C]
-            c = (cost.overhead_s + fixed_propose + verify[n * (1 + longest)]
-                 + dk * draft_fwd[drafting.sum(1)] + np.einsum("dac,a->dc", drafting, catch))  # fmt: skip
+            c = (
+                cost.overhead_s
+                + fixed_propose
+                + verify[n * (1 + longest)]
+                + dk * draft_fwd[drafting.sum(1)]
+                + np.einsum("dac,a->dc", drafting, catch)
+            )
             for name, t in propose.items():
                 if t and name not in fixed_used:
                     c = c + t * ((m == methods.index(name)) & (k > 0)).any(1)
@@ -514,16 +539,41 @@ class Scheduler:
                 best_g, best_plan = float(goodput[di, ci]), (m[di, :, ci], k[di, :, ci])
         chains_only = fixed_used <= set(CHAINS) and not any(s.spec.use_tree_spec for s in seqs)
         if self.target.packs_rows and n > 1 and chains_only and top:
-            packed = self._packed(gain, fixed_tokens, fixed_rows, kds, cost, verify,
-                                  draft_fwd, catch, propose, fixed_used, fixed_propose, fixed_dk)  # fmt: skip
+            packed = self._packed(
+                gain,
+                fixed_tokens,
+                fixed_rows,
+                kds,
+                cost,
+                verify,
+                draft_fwd,
+                catch,
+                propose,
+                fixed_used,
+                fixed_propose,
+                fixed_dk,
+            )
             if packed[0] > best_g:
                 best_g, best_plan = packed
         m, k = best_plan
         for j, i in enumerate(auto):
             plan[i] = (methods[int(m[j])], int(k[j])) if k[j] > 0 else ("none", 0)
 
-    def _packed(self, gain, fixed_tokens, fixed_rows, kds, cost, verify, draft_fwd, catch,
-                propose, fixed_used, fixed_propose, fixed_dk):  # fmt: skip
+    def _packed(
+        self,
+        gain,
+        fixed_tokens,
+        fixed_rows,
+        kds,
+        cost,
+        verify,
+        draft_fwd,
+        catch,
+        propose,
+        fixed_used,
+        fixed_propose,
+        fixed_dk,
+    ):
         """The best chains-only plan where the target packs rows (`CausalLM.packs_rows`): the
         verify forward then costs the step's real tokens, n + sum_i k_i, not the longest
         row's count n times, so a row's drafts are priced one by one. For a price p (of a
@@ -540,8 +590,9 @@ class Scheduler:
         k = (marg[None] > PRICES[:, None, None, None]).sum(-1)  # [P, A, method] its first k
         ks = np.broadcast_to(k[None], (len(kds),) + k.shape).copy()  # [D, P, A, method]
         ks[:, :, :, DRAFT] = np.minimum(k[None, :, :, DRAFT], kds[:, None, None])
-        g = np.take_along_axis(np.broadcast_to(chain, ks.shape[:2] + chain.shape),
-                               ks[..., None], -1)[..., 0]  # fmt: skip  # [D, P, A, method]
+        g = np.take_along_axis(
+            np.broadcast_to(chain, ks.shape[:2] + chain.shape), ks[..., None], -1
+        )[..., 0]  # [D, P, A, method]
         g[kds == 0, :, :, DRAFT] = -np.inf
         m = (g - PRICES[None, :, None, None] * ks).argmax(-1)  # [D, P, A] each row's method
         g = np.take_along_axis(g, m[..., None], -1)[..., 0]  # [D, P, A]
@@ -550,8 +601,13 @@ class Scheduler:
         g = np.where(k > 0, g, 0.0)
         drafting = (m == DRAFT) & (k > 0)  # [D, P, A]
         dk = np.maximum(fixed_dk, np.where(drafting, k, 0).max(-1))  # [D, P]
-        c = (cost.overhead_s + fixed_propose + verify[fixed_rows + k.sum(-1)]
-             + dk * draft_fwd[drafting.sum(-1)] + (drafting * catch).sum(-1))  # fmt: skip
+        c = (
+            cost.overhead_s
+            + fixed_propose
+            + verify[fixed_rows + k.sum(-1)]
+            + dk * draft_fwd[drafting.sum(-1)]
+            + (drafting * catch).sum(-1)
+        )
         for name, t in propose.items():
             if t and name not in fixed_used:
                 c = c + t * ((m == methods.index(name)) & (k > 0)).any(-1)

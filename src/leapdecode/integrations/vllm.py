@@ -65,10 +65,16 @@ class Rows:
         new = seq is None
         if new:
             n = len(ctx)
-            seq = Sequence(id=next(self.ids), tokens=ctx.tolist(), prompt_len=max(1, n - n_new),
-                           params=SamplingParams(), max_new_tokens=self.max_model_len,
-                           max_context=self.max_model_len, stop_token_ids=frozenset(),
-                           spec=self.spec)  # fmt: skip
+            seq = Sequence(
+                id=next(self.ids),
+                tokens=ctx.tolist(),
+                prompt_len=max(1, n - n_new),
+                params=SamplingParams(),
+                max_new_tokens=self.max_model_len,
+                max_context=self.max_model_len,
+                stop_token_ids=frozenset(),
+                spec=self.spec,
+            )
             self.live[seq.id] = seq
         else:
             seq.tokens.extend(ctx[len(seq.tokens) :].tolist())
@@ -84,8 +90,10 @@ class Rows:
         if m > len(ctx) or seq.id in self.claimed:
             return False
         lo = max(0, m - HEAD)
-        return (ctx[: min(m, HEAD)].tolist() == seq.tokens[:HEAD]
-                and ctx[lo:m].tolist() == seq.tokens[lo:])  # fmt: skip
+        return (
+            ctx[: min(m, HEAD)].tolist() == seq.tokens[:HEAD]
+            and ctx[lo:m].tolist() == seq.tokens[lo:]
+        )
 
     def end_call(self) -> list[Sequence]:
         """Close this call: the requests no row has shown for GRACE calls (finished or
@@ -120,8 +128,9 @@ class _Custom:
             raise LeapDecodeError(f"num_speculative_tokens must be in 1..{MAX_K}, got {k}")
         self.k = k
         self.max_model_len = int(model_cfg.max_model_len)
-        self.spec = SpecConfig(method=self.method, num_speculative_tokens=k,
-                               **self._options(spec_cfg))  # fmt: skip
+        self.spec = SpecConfig(
+            method=self.method, num_speculative_tokens=k, **self._options(spec_cfg)
+        )
         self.rows = Rows(self.spec, self.max_model_len)
         self.proposer = self._build(spec_cfg, model_cfg)
 
@@ -134,8 +143,9 @@ class _Custom:
     def load_model(self, *args, **kwargs) -> None:
         """vLLM calls this with the target; there is no model to load."""
 
-    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
-                slot_mappings=None, **_) -> list[list[int]]:  # fmt: skip
+    def propose(
+        self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **_
+    ) -> list[list[int]]:
         """Drafts per row: [num rows][<= k] token ids (empty: no draft for that row)."""
         out: list[list[int]] = []
         seqs, ks, rows = [], [], []
@@ -207,8 +217,10 @@ class NgramProposer(_Custom):
             except ValueError:
                 raise LeapDecodeError(f"{name} must be an integer, got {text!r}") from None
 
-        return dict(prompt_lookup_min=env("LEAPDECODE_PROMPT_LOOKUP_MIN", 2),
-                    prompt_lookup_max=env("LEAPDECODE_PROMPT_LOOKUP_MAX", 4))  # fmt: skip
+        return dict(
+            prompt_lookup_min=env("LEAPDECODE_PROMPT_LOOKUP_MIN", 2),
+            prompt_lookup_max=env("LEAPDECODE_PROMPT_LOOKUP_MAX", 4),
+        )
 
     def _build(self, spec_cfg, model_cfg):
         return _Ngram()

@@ -340,9 +340,15 @@ def available() -> bool:
         os.makedirs(BUILD_DIR, exist_ok=True)
         # named by its source: checkouts of different versions share the cache directory
         name = "leapdecode_cached_attention_" + hashlib.sha1(_SOURCE.encode()).hexdigest()[:12]
-        load_inline(name=name, cpp_sources=[_SOURCE], functions=None,
-                    extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"],
-                    build_directory=BUILD_DIR, is_python_module=False, verbose=False)  # fmt: skip
+        load_inline(
+            name=name,
+            cpp_sources=[_SOURCE],
+            functions=None,
+            extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"],
+            build_directory=BUILD_DIR,
+            is_python_module=False,
+            verbose=False,
+        )
 
         @torch.library.register_fake("leapdecode::cached_attention")
         def _(q, k_cache, v_cache, slots, lens, new_k, new_v, new_bias, scale):
@@ -392,6 +398,15 @@ def reference_ragged(q, k_cache, v_cache, slots, lens, cu, new_k, new_v, scale):
         bias = torch.zeros(t, t).masked_fill_(
             ~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf")
         )
-        out[a:b] = reference(q[None, a:b], k_cache, v_cache, slots[i : i + 1], lens[i : i + 1],
-                             new_k[None, a:b], new_v[None, a:b], bias[None], scale)[0]  # fmt: skip
+        out[a:b] = reference(
+            q[None, a:b],
+            k_cache,
+            v_cache,
+            slots[i : i + 1],
+            lens[i : i + 1],
+            new_k[None, a:b],
+            new_v[None, a:b],
+            bias[None],
+            scale,
+        )[0]
     return out

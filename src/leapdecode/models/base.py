@@ -27,8 +27,9 @@ class HiddenRequest:
     final: bool = False
 
     def union(self, other: HiddenRequest) -> HiddenRequest:
-        return HiddenRequest(tuple(sorted(set(self.layers) | set(other.layers))),
-                             self.final or other.final)  # fmt: skip
+        return HiddenRequest(
+            tuple(sorted(set(self.layers) | set(other.layers))), self.final or other.final
+        )
 
     def __bool__(self) -> bool:
         return bool(self.layers) or self.final
@@ -106,8 +107,16 @@ class CausalLM(ABC):
     def truncate(self, slots: torch.Tensor, new_lengths: torch.Tensor) -> None:
         """Keep only the first `new_lengths[b]` cached tokens of each slot (rollback)."""
 
-    def forward_outputs(self, tokens, slots, hidden: HiddenRequest, tree_mask=None,
-                        position_offsets=None, logits_at=None, counts=None) -> ForwardOutput:  # fmt: skip
+    def forward_outputs(
+        self,
+        tokens,
+        slots,
+        hidden: HiddenRequest,
+        tree_mask=None,
+        position_offsets=None,
+        logits_at=None,
+        counts=None,
+    ) -> ForwardOutput:
         """`forward`, also returning the hidden states `hidden` asks for (at every new token,
         whatever `logits_at` is). Backends that cannot refuse with a clear error."""
         from ..errors import LeapDecodeError
@@ -125,8 +134,9 @@ class CausalLM(ABC):
         """The LM head on normed hidden states [..., hidden] -> [..., V] (native backend)."""
         raise NotImplementedError
 
-    def keep(self, slots: torch.Tensor, base: torch.Tensor, picked: torch.Tensor,
-             n: torch.Tensor) -> None:  # fmt: skip
+    def keep(
+        self, slots: torch.Tensor, base: torch.Tensor, picked: torch.Tensor, n: torch.Tensor
+    ) -> None:
         """After a tree step: slot b keeps the cached entries at base[b] + picked[b, :n[b]]
         (its root and accepted path), moved to base[b] + 0 .. n[b]-1; its length becomes
         base[b] + n[b]. Backends without tree attention refuse."""

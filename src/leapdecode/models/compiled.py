@@ -42,8 +42,13 @@ CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "leapdecode", "induc
 class CompiledForward:
     """The layers of a `NativeLlama` as one compiled function (see the module docstring)."""
 
-    def __init__(self, model, keep: tuple[int, ...] = (), cpp_wrapper: bool | None = None,
-                 kernel: bool | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model,
+        keep: tuple[int, ...] = (),
+        cpp_wrapper: bool | None = None,
+        kernel: bool | None = None,
+    ) -> None:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", CACHE_DIR)
         import torch._dynamo
 
@@ -140,8 +145,10 @@ class CompiledForward:
             s_new = s_new + new_bias[:, :, None]  # [B, H_kv, g, T, T]
             p = torch.cat([s_past, s_new], -1).softmax(-1)
             n_past = past_k.shape[3]
-            o = (p[..., :n_past].reshape(b, h_kv, g * t, n_past) @ past_v[i]
-                 + p[..., n_past:].reshape(b, h_kv, g * t, t) @ v)  # fmt: skip
+            o = (
+                p[..., :n_past].reshape(b, h_kv, g * t, n_past) @ past_v[i]
+                + p[..., n_past:].reshape(b, h_kv, g * t, t) @ v
+            )
             return o.view(b, h_kv, g, t, d).permute(0, 3, 1, 2, 4)  # [B, T, H_kv, g, D]
 
         return self._stack(tokens, positions, attend)
@@ -154,8 +161,9 @@ class CompiledForward:
         scale = self.model.head_dim**-0.5
 
         def attend(i, q, k, v):
-            return torch.ops.leapdecode.cached_attention(q, cache_k[i], cache_v[i], slots, lens,
-                                                         k, v, bias, scale)  # fmt: skip
+            return torch.ops.leapdecode.cached_attention(
+                q, cache_k[i], cache_v[i], slots, lens, k, v, bias, scale
+            )
 
         return self._stack(tokens, positions, attend)
 
@@ -168,7 +176,7 @@ class CompiledForward:
         def attend(i, q, k, v):
             return torch.ops.leapdecode.cached_attention_ragged(
                 q[0], cache_k[i], cache_v[i], slots, lens, cu, k[0], v[0], scale
-            )[None]  # fmt: skip
+            )[None]
 
         return self._stack(tokens, positions, attend)
 
@@ -179,9 +187,12 @@ class CompiledForward:
 
         def attend(i, q, k, v):
             return F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                is_causal=True,
                 enable_gqa=gqa,
-            ).transpose(1, 2)  # fmt: skip
+            ).transpose(1, 2)
 
         return self._stack(tokens, positions, attend)
 
@@ -205,8 +216,15 @@ class CompiledForward:
         length; cu [B + 1] (CPU) the rows' offsets in N. Returns what `_layers` does."""
         cache = self.model.cache
         dev = cache.k.device
-        args = (tokens, positions, cache.k, cache.v, slots.to(dev, copy=True),
-                start.to(dev, copy=True), cu.to(dev, copy=True))  # fmt: skip
+        args = (
+            tokens,
+            positions,
+            cache.k,
+            cache.v,
+            slots.to(dev, copy=True),
+            start.to(dev, copy=True),
+            cu.to(dev, copy=True),
+        )
         for tensor in args[:2]:
             if tensor.shape[1] > 1:
                 torch._dynamo.mark_dynamic(tensor, 1)
@@ -231,8 +249,13 @@ class CompiledForward:
             slots = slots.to(cache.k.device, copy=True)
             lens = start.to(cache.k.device, copy=True)
             args = (tokens, positions, cache.k, cache.v, slots, lens, new_bias)
-            dynamic = ((tokens, (0, 1)), (positions, (0, 1)), (slots, (0,)), (lens, (0,)),
-                       (new_bias, (0, 2, 3)))  # fmt: skip
+            dynamic = (
+                (tokens, (0, 1)),
+                (positions, (0, 1)),
+                (slots, (0,)),
+                (lens, (0,)),
+                (new_bias, (0, 2, 3)),
+            )
         else:
             longest = int(start.max())
             span = min(-(-max(longest, 1) // PAST_BLOCK) * PAST_BLOCK, cache.max_len)
@@ -243,8 +266,14 @@ class CompiledForward:
             past_bias.masked_fill_(hide[:, None, None], float("-inf"))
             past_bias = past_bias.to(cache.k.device)
             args = (tokens, positions, past_k, past_v, past_bias, new_bias)
-            dynamic = ((tokens, (0, 1)), (positions, (0, 1)), (past_k, (1, 3)), (past_v, (1, 3)),
-                       (past_bias, (0, 3)), (new_bias, (0, 2, 3)))  # fmt: skip
+            dynamic = (
+                (tokens, (0, 1)),
+                (positions, (0, 1)),
+                (past_k, (1, 3)),
+                (past_v, (1, 3)),
+                (past_bias, (0, 3)),
+                (new_bias, (0, 2, 3)),
+            )
         for tensor, dims in dynamic:
             for dim in dims:
                 if tensor.shape[dim] > 1:
@@ -275,8 +304,9 @@ class CompiledForward:
                 steps.append((2, 3, 5, torch.tensor([1, 3])))
         t0 = time.perf_counter()
         saved = cache.lens.clone()
-        for rows, n, cached, counts in tqdm(steps, desc="compiling the forward (once; cached "
-                                            "after)", unit="graph", leave=False):  # fmt: skip
+        for rows, n, cached, counts in tqdm(
+            steps, desc="compiling the forward (once; cached after)", unit="graph", leave=False
+        ):
             cache.lens[:rows] = cached  # any cached prefix: the keys are only read
             m.forward(torch.zeros(rows, n, dtype=torch.long), torch.arange(rows), counts=counts)
         cache.lens.copy_(saved)

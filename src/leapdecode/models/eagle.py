@@ -56,10 +56,21 @@ class RMSNorm(nn.Module):
 
 
 class Eagle3Head(nn.Module):
-    def __init__(self, hidden: int, target_hidden: int, heads: int, kv_heads: int,
-                 head_dim: int, intermediate: int, vocab_size: int, draft_ids: torch.Tensor,
-                 aux_layers: tuple[int, ...], rope_theta: float = 10000.0,
-                 max_positions: int = 4096, eps: float = 1e-5) -> None:  # fmt: skip
+    def __init__(
+        self,
+        hidden: int,
+        target_hidden: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        intermediate: int,
+        vocab_size: int,
+        draft_ids: torch.Tensor,
+        aux_layers: tuple[int, ...],
+        rope_theta: float = 10000.0,
+        max_positions: int = 4096,
+        eps: float = 1e-5,
+    ) -> None:
         super().__init__()
         self.hidden, self.target_hidden = hidden, target_hidden
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
@@ -86,8 +97,17 @@ class Eagle3Head(nn.Module):
         self.register_buffer("cos", cos, persistent=False)  # [P, D]
         self.register_buffer("sin", sin, persistent=False)
         self.info: dict = {}
-        for lin in (self.fc, self.q_proj, self.k_proj, self.v_proj, self.o_proj,
-                    self.gate_proj, self.up_proj, self.down_proj, self.lm_head):  # fmt: skip
+        for lin in (
+            self.fc,
+            self.q_proj,
+            self.k_proj,
+            self.v_proj,
+            self.o_proj,
+            self.gate_proj,
+            self.up_proj,
+            self.down_proj,
+            self.lm_head,
+        ):
             nn.init.normal_(lin.weight, std=0.02)
 
     @property
@@ -113,8 +133,9 @@ class Eagle3Head(nn.Module):
     def finish(self, g: torch.Tensor, q, keys, values, mask) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention of q over keys/values (mask [B, 1, T, S] bool, True = attend), then the
         rest of the layer: (pre-norm output o [B, T, hidden], draft logits [B, T, Vd])."""
-        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                           enable_gqa=self.heads != self.kv_heads)  # fmt: skip
+        a = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, enable_gqa=self.heads != self.kv_heads
+        )
         b, _, t, _ = q.shape
         r = g + self.o_proj(a.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
         m = self.post_attention_layernorm(r)
@@ -122,8 +143,7 @@ class Eagle3Head(nn.Module):
         return o, self.lm_head(self.norm(o))
 
     # --------------------------------------------------------------- training
-    def ttt_forward(self, aux: torch.Tensor, emb: torch.Tensor,
-                    steps: int) -> list[torch.Tensor]:  # fmt: skip
+    def ttt_forward(self, aux: torch.Tensor, emb: torch.Tensor, steps: int) -> list[torch.Tensor]:
         """Training-time test (EAGLE-3): aux [B, T, n_aux, target_hidden] at tokens 0..T-1,
         emb [B, T, hidden] the embeddings of tokens 1..T. Returns the draft logits
         [B, T, Vd] of each of `steps` unrolled steps; at step j index t stands for drafting
@@ -156,14 +176,20 @@ class Eagle3Head(nn.Module):
     def config_dict(self) -> dict:
         return {
             "architectures": ["Eagle3Head"],
-            "hidden_size": self.hidden, "target_hidden_size": self.target_hidden,
-            "num_attention_heads": self.heads, "num_key_value_heads": self.kv_heads,
-            "head_dim": self.head_dim, "intermediate_size": self.intermediate,
-            "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size,
+            "hidden_size": self.hidden,
+            "target_hidden_size": self.target_hidden,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate,
+            "vocab_size": self.vocab_size,
+            "draft_vocab_size": self.draft_vocab_size,
             "eagle_aux_hidden_state_layer_ids": list(self.aux_layers),
-            "rope_theta": self.rope_theta, "max_position_embeddings": self.max_positions,
-            "rms_norm_eps": self.eps, "norm_before_residual": False,
-        }  # fmt: skip
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_positions,
+            "rms_norm_eps": self.eps,
+            "norm_before_residual": False,
+        }
 
     def d2t(self) -> torch.Tensor:
         """[Vd] int64 offsets: draft id d is target id d + d2t[d]."""
@@ -181,15 +207,27 @@ class Eagle3Head(nn.Module):
             archs = c.get("architectures")
             arch = archs[0] if isinstance(archs, list) and archs else repr(archs)
             what = " (Medusa heads)" if arch == "MedusaHeads" else ""
-            raise LeapDecodeError(f"{path} holds {arch}{what}, not an EAGLE-3 head: pass the "
-                                  "folder `leapdecode train eagle` wrote")  # fmt: skip
+            raise LeapDecodeError(
+                f"{path} holds {arch}{what}, not an EAGLE-3 head: pass the "
+                "folder `leapdecode train eagle` wrote"
+            )
         try:
             d2t = state.pop("d2t")
             ids = d2t + torch.arange(len(d2t))
-            head = cls(c["hidden_size"], c["target_hidden_size"], c["num_attention_heads"],
-                       c["num_key_value_heads"], c["head_dim"], c["intermediate_size"],
-                       c["vocab_size"], ids, tuple(c["eagle_aux_hidden_state_layer_ids"]),
-                       c["rope_theta"], c["max_position_embeddings"], c["rms_norm_eps"])  # fmt: skip
+            head = cls(
+                c["hidden_size"],
+                c["target_hidden_size"],
+                c["num_attention_heads"],
+                c["num_key_value_heads"],
+                c["head_dim"],
+                c["intermediate_size"],
+                c["vocab_size"],
+                ids,
+                tuple(c["eagle_aux_hidden_state_layer_ids"]),
+                c["rope_theta"],
+                c["max_position_embeddings"],
+                c["rms_norm_eps"],
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise LeapDecodeError(
                 f"{path} lacks or mangles {e} for an EAGLE head: retrain with `leapdecode train eagle`"
@@ -244,8 +282,9 @@ class Eagle3Runner:
         return qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2), v.transpose(1, 2)
 
     def finish(self, g, q, keys, values, mask):
-        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                           enable_gqa=self.heads != self.kv_heads)  # fmt: skip
+        a = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, enable_gqa=self.heads != self.kv_heads
+        )
         b, _, t, _ = q.shape
         r = g + self.linear(a.transpose(1, 2).reshape(b, t, -1), self.wo, None)
         gate, up = self.linear(self._rms(r, self.post_norm), self.w_gate_up, None).chunk(2, -1)

@@ -21,8 +21,11 @@ def write_folder(out: str, state: dict, config: dict) -> None:
     os.makedirs(out, exist_ok=True)
     # each file written whole, then moved in place: a killed write leaves the old folder
     weights, cfg = os.path.join(out, WEIGHTS), os.path.join(out, CONFIG)
-    save_file({k: v.detach().contiguous() for k, v in state.items()}, weights + ".tmp",
-              metadata={"format": "pt"})  # fmt: skip
+    save_file(
+        {k: v.detach().contiguous() for k, v in state.items()},
+        weights + ".tmp",
+        metadata={"format": "pt"},
+    )
     with open(cfg + ".tmp", "w") as f:
         json.dump(config, f, indent=1)
     os.replace(weights + ".tmp", weights)

@@ -20,8 +20,9 @@ KINDS = ("medusa", "eagle")
 def beside(target: str) -> list[str]:
     """The head folders next to a target folder (`<target>-medusa`, `<target>-eagle`)."""
     base = os.path.abspath(target).rstrip(os.sep)
-    return [p for p in (f"{base}-{k}" for k in KINDS)
-            if os.path.isfile(os.path.join(p, "config.json"))]  # fmt: skip
+    return [
+        p for p in (f"{base}-{k}" for k in KINDS) if os.path.isfile(os.path.join(p, "config.json"))
+    ]
 
 
 ARCH_KINDS = {"MedusaHeads": "medusa", "Eagle3Head": "eagle"}
@@ -98,9 +99,12 @@ def load_heads(paths: list[str], target: CausalLM) -> dict[str, object]:
         else:
             heads = Eagle3Head.load(path)
             layers = int(target.config.num_hidden_layers)
-            if (heads.target_hidden != hidden or heads.vocab_size > target.vocab_size
-                    or max(heads.aux_layers) >= layers
-                    or heads.max_positions < target.max_context + 1):  # fmt: skip
+            if (
+                heads.target_hidden != hidden
+                or heads.vocab_size > target.vocab_size
+                or max(heads.aux_layers) >= layers
+                or heads.max_positions < target.max_context + 1
+            ):
                 raise LeapDecodeError(
                     f"the EAGLE head in {path!r} does not fit this target (target hidden "
                     f"{heads.target_hidden} vs {hidden}, vocabulary {heads.vocab_size} vs "

@@ -47,8 +47,9 @@ class KVCache:
         self.k[layer][rows, :, write_pos] = k.to(dtype)
         self.v[layer][rows, :, write_pos] = v.to(dtype)
 
-    def compact(self, slots: torch.Tensor, base: torch.Tensor, picked: torch.Tensor,
-                n: torch.Tensor) -> None:  # fmt: skip
+    def compact(
+        self, slots: torch.Tensor, base: torch.Tensor, picked: torch.Tensor, n: torch.Tensor
+    ) -> None:
         """Row b keeps the entries at base[b] + picked[b, :n[b]], moved to base[b] + 0 .. n[b]-1,
         and its length becomes base[b] + n[b] (a tree step keeps its accepted path)."""
         width = picked.shape[1]
@@ -64,8 +65,14 @@ class KVCache:
             self.v[:, rows, :, dst] = self.v[:, rows, :, src]
         self.lens[slots] = base + n
 
-    def read(self, layer: int, slots: torch.Tensor | None, span: int,
-             contiguous_from: int | None, n: int | None = None):  # fmt: skip
+    def read(
+        self,
+        layer: int,
+        slots: torch.Tensor | None,
+        span: int,
+        contiguous_from: int | None,
+        n: int | None = None,
+    ):
         """Keys and values of the first `span` positions: two [B, H_kv, span, D] tensors.
 
         `contiguous_from` is set when `slots` is range(s, s + B) (or, with `n`, to read the

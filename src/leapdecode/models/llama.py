@@ -242,8 +242,9 @@ class NativeLlama(CausalLM):
     def truncate(self, slots: torch.Tensor, new_lengths: torch.Tensor) -> None:
         self.cache.lens[slots.cpu()] = new_lengths.cpu()
 
-    def keep(self, slots: torch.Tensor, base: torch.Tensor, picked: torch.Tensor,
-             n: torch.Tensor) -> None:  # fmt: skip
+    def keep(
+        self, slots: torch.Tensor, base: torch.Tensor, picked: torch.Tensor, n: torch.Tensor
+    ) -> None:
         self.cache.compact(slots.cpu(), base.cpu(), picked.cpu(), n.cpu())
 
     # ----------------------------------------------------------------- forward
@@ -290,8 +291,17 @@ class NativeLlama(CausalLM):
             full.index_copy_(0, rows, mask)
         return full
 
-    def _run_compiled(self, tokens, slots_cpu, start, positions, tree_mask, logits_at,
-                      want: HiddenRequest | None, same_start: bool) -> ForwardOutput | None:  # fmt: skip
+    def _run_compiled(
+        self,
+        tokens,
+        slots_cpu,
+        start,
+        positions,
+        tree_mask,
+        logits_at,
+        want: HiddenRequest | None,
+        same_start: bool,
+    ) -> ForwardOutput | None:
         """The step through the compiled forward, or None when its slots are too scattered
         (then it runs eager). Rows are the slot range lo .. hi, the holes as dummy rows."""
         batch, n_new = tokens.shape
@@ -326,9 +336,12 @@ class NativeLlama(CausalLM):
         # copies made here, in inference mode, whoever made the inputs: a graph's guards
         # tell an inference tensor from a plain one, and would compile the step again
         final, hidden, new_k, new_v = compiled(
-            tokens.to(dev, copy=True), positions.to(dev, copy=True),
-            slots_cpu if kernel else torch.arange(lo, lo + width), start, bias.to(dev)
-        )  # fmt: skip
+            tokens.to(dev, copy=True),
+            positions.to(dev, copy=True),
+            slots_cpu if kernel else torch.arange(lo, lo + width),
+            start,
+            bias.to(dev),
+        )
         if hidden is not None:  # [B, T, len(keep), hidden] -> the layers asked for
             picked = [compiled.keep.index(i) for i in want.layers] if want else []
             hidden = hidden[:, :, picked] if picked else None
@@ -410,13 +423,21 @@ class NativeLlama(CausalLM):
             logits, hidden, final[0][at] if want is not None and want.final else None
         )
 
-    def forward(self, tokens, slots, tree_mask=None, position_offsets=None, logits_at=None,
-                counts=None):  # fmt: skip
-        return self._run(tokens, slots, tree_mask, position_offsets, logits_at, None,
-                         counts).logits  # fmt: skip
+    def forward(
+        self, tokens, slots, tree_mask=None, position_offsets=None, logits_at=None, counts=None
+    ):
+        return self._run(tokens, slots, tree_mask, position_offsets, logits_at, None, counts).logits
 
-    def forward_outputs(self, tokens, slots, hidden: HiddenRequest, tree_mask=None,
-                        position_offsets=None, logits_at=None, counts=None) -> ForwardOutput:  # fmt: skip
+    def forward_outputs(
+        self,
+        tokens,
+        slots,
+        hidden: HiddenRequest,
+        tree_mask=None,
+        position_offsets=None,
+        logits_at=None,
+        counts=None,
+    ) -> ForwardOutput:
         bad = [i for i in hidden.layers if not 0 <= i <= len(self.layers)]
         if bad:
             raise LeapDecodeError(
@@ -430,8 +451,16 @@ class NativeLlama(CausalLM):
         return self.compiled is not None and self.compiled.kernel
 
     @torch.inference_mode()
-    def _run(self, tokens, slots, tree_mask, position_offsets, logits_at,
-             want: HiddenRequest | None, counts=None) -> ForwardOutput:  # fmt: skip
+    def _run(
+        self,
+        tokens,
+        slots,
+        tree_mask,
+        position_offsets,
+        logits_at,
+        want: HiddenRequest | None,
+        counts=None,
+    ) -> ForwardOutput:
         cache = self.cache
         if cache is None:
             raise RuntimeError("allocate() the cache before forward()")
@@ -450,17 +479,29 @@ class NativeLlama(CausalLM):
         positions = (start[:, None] + offsets).clamp(max=self.max_context - 1)  # [B, T]
         p0 = int(start[0])
         same_start = batch == 1 or bool((start == p0).all())
-        if (counts is not None and self.packs_rows and batch > 1 and self.compiled.fits(n_new)
-                and tree_mask is None and position_offsets is None and logits_at is None
-                and bool((counts.cpu() < n_new).any())):  # fmt: skip
+        if (
+            counts is not None
+            and self.packs_rows
+            and batch > 1
+            and self.compiled.fits(n_new)
+            and tree_mask is None
+            and position_offsets is None
+            and logits_at is None
+            and bool((counts.cpu() < n_new).any())
+        ):
             return self._run_packed(tokens, slots_cpu, start, counts.cpu(), want)
         fresh = tree_mask is None and same_start and p0 == 0 and position_offsets is None
-        if (self.compiled is not None and fresh and not self.compiled.fits(n_new)
-                and all(w is None or span <= w for w in self.windows)):  # fmt: skip
+        if (
+            self.compiled is not None
+            and fresh
+            and not self.compiled.fits(n_new)
+            and all(w is None or span <= w for w in self.windows)
+        ):
             return self._run_fresh(tokens, slots_cpu, positions, logits_at, want)
         if self.compiled is not None and self.compiled.fits(n_new):
-            out = self._run_compiled(tokens, slots_cpu, start, positions, tree_mask, logits_at,
-                                     want, same_start)  # fmt: skip
+            out = self._run_compiled(
+                tokens, slots_cpu, start, positions, tree_mask, logits_at, want, same_start
+            )
             if out is not None:
                 return out
         masks = self._masks(start, n_new, span, tree_mask, positions, same_start)

@@ -13,10 +13,13 @@ from .base import CausalLM
 log = logging.getLogger("leapdecode")
 
 DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16,
-}  # fmt: skip
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 BACKENDS = ("native", "transformers")
 
 
@@ -88,8 +91,10 @@ def load_config(path: str):
         arch = ""  # transformers says what is wrong with it
     if arch in ARCH_KINDS:
         kind = "an EAGLE head" if arch == "Eagle3Head" else "Medusa heads"
-        raise LeapDecodeError(f"{path!r} holds {kind}, not a language model: pass it with "
-                              "--speculator PATH (API: speculators=[PATH])")  # fmt: skip
+        raise LeapDecodeError(
+            f"{path!r} holds {kind}, not a language model: pass it with "
+            "--speculator PATH (API: speculators=[PATH])"
+        )
     try:
         return AutoConfig.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds

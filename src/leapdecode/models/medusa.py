@@ -86,8 +86,9 @@ class MedusaHeads(nn.Module):
         try:
             heads = cls(int(cfg["medusa_num_heads"]), int(cfg["hidden_size"]))
         except (KeyError, TypeError, ValueError) as e:
-            raise LeapDecodeError(f"{cfg_path} lacks or mangles {e}: retrain with "
-                                  "`leapdecode train medusa`") from None  # fmt: skip
+            raise LeapDecodeError(
+                f"{cfg_path} lacks or mangles {e}: retrain with `leapdecode train medusa`"
+            ) from None
         try:
             heads.load_state_dict(state)
         except (RuntimeError, OSError) as e:
@@ -97,8 +98,13 @@ class MedusaHeads(nn.Module):
             heads.tree = [tuple(p) for p in cfg["tree"]]
             seen: set[tuple[int, ...]] = set()
             for p in heads.tree:
-                if (not p or len(p) > heads.num_heads or any(r < 0 for r in p)
-                        or (len(p) > 1 and p[:-1] not in seen) or p in seen):  # fmt: skip
+                if (
+                    not p
+                    or len(p) > heads.num_heads
+                    or any(r < 0 for r in p)
+                    or (len(p) > 1 and p[:-1] not in seen)
+                    or p in seen
+                ):
                     raise LeapDecodeError(
                         f"the tree in {cfg_path} is not valid at {list(p)} (each path of "
                         "ranks must follow its parent, once, within the heads): retrain with "

@@ -114,8 +114,12 @@ class Proposer(ABC):
     # empty: none, and `target_hidden` is never called.
     wants_hidden = HiddenRequest()
 
-    def target_hidden(self, seqs: list[Sequence], hidden: list[torch.Tensor | None],
-                      final: list[torch.Tensor | None]) -> None:  # fmt: skip
+    def target_hidden(
+        self,
+        seqs: list[Sequence],
+        hidden: list[torch.Tensor | None],
+        final: list[torch.Tensor | None],
+    ) -> None:
         """The target cached new inputs of seqs[i] for good (its prompt at prefill; the root
         and the accepted drafts after a step): hidden[i] [n_i, len(layers), H] and final[i]
         [n_i, H] at those inputs, in order (None where not asked). Called after the

@@ -22,8 +22,9 @@ from __future__ import annotations
 class CharIndex:
     """One request's text as characters, and where each of its tokens ends."""
 
-    def __init__(self, strings: list[str], min_chars: int = 4, max_chars: int = 48,
-                 max_tries: int = 16) -> None:  # fmt: skip
+    def __init__(
+        self, strings: list[str], min_chars: int = 4, max_chars: int = 48, max_tries: int = 16
+    ) -> None:
         self.strings, self.min_chars, self.max_chars = strings, min_chars, max_chars
         self.max_tries = max_tries  # occurrences looked at per suffix length
         self.text = ""

@@ -39,8 +39,15 @@ def write_vocab_ranking(
     ranked = np.argsort(-counts, kind="stable")
     covered = float(counts[ranked[:recommended]].sum() / max(1, counts.sum()))
     with open(os.path.join(out_dir, VOCAB_FILE), "w") as f:
-        json.dump({"ranked_token_ids": ranked.tolist(), "recommended": recommended,
-                   "coverage_of_recommended": covered, "source": source}, f)  # fmt: skip
+        json.dump(
+            {
+                "ranked_token_ids": ranked.tolist(),
+                "recommended": recommended,
+                "coverage_of_recommended": covered,
+                "source": source,
+            },
+            f,
+        )
 
 
 def fit_groups(starts: list[int], lengths: list[int], limit: int | None) -> list[list[int]]:
@@ -135,10 +142,12 @@ class DraftModelProposer(Proposer):
         if all(s.params.greedy for s in seqs):
             return logits.argmax(-1), None
         q = process_rows(logits[:, None], [s.params for s in seqs])[:, 0]  # [B, V]
-        u = torch.stack([
-            torch.rand((), generator=s.draft_generator) if go else torch.zeros(())
-            for s, go in zip(seqs, drafting, strict=True)
-        ])  # fmt: skip
+        u = torch.stack(
+            [
+                torch.rand((), generator=s.draft_generator) if go else torch.zeros(())
+                for s, go in zip(seqs, drafting, strict=True)
+            ]
+        )
         return sample_from(q, u), q  # [B] and [B, V], on the model's device
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Drafts:

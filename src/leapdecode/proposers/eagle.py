@@ -82,8 +82,13 @@ class EagleProposer(Proposer):
         # now. An auto row keeps its features (at most its context's) until auto first picks
         # eagle for it: most never do, and the head's pass over a whole prompt costs a
         # sizeable share of the target's prefill.
-        backlog = [s for s in seqs if not s.finished and s.spec.method == self.name
-                   and self.n_pending.get(s.id, 0) > BACKLOG]  # fmt: skip
+        backlog = [
+            s
+            for s in seqs
+            if not s.finished
+            and s.spec.method == self.name
+            and self.n_pending.get(s.id, 0) > BACKLOG
+        ]
         if backlog:
             with torch.inference_mode():
                 self._catch_up(backlog)
@@ -148,14 +153,18 @@ class EagleProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Drafts:
-        rows = [i for i, (s, k) in enumerate(zip(seqs, ks, strict=True))
-                if k > 0 and (self.pending.get(s.id) or s.id in self.root)]  # fmt: skip
+        rows = [
+            i
+            for i, (s, k) in enumerate(zip(seqs, ks, strict=True))
+            if k > 0 and (self.pending.get(s.id) or s.id in self.root)
+        ]
         out: list[tuple[list[int], list[int]]] = [([], [])] * len(seqs)
         groups: dict[tuple[int, int], list[int]] = {}  # each request's own tree shape
         for i in rows:
             spec = seqs[i].spec
-            groups.setdefault((spec.speculative_eagle_topk, spec.speculative_num_steps),
-                              []).append(i)  # fmt: skip
+            groups.setdefault((spec.speculative_eagle_topk, spec.speculative_num_steps), []).append(
+                i
+            )
         for (top_k, depth), group in groups.items():
             trees = self._grow([seqs[i] for i in group], [ks[i] for i in group], top_k, depth)
             for j, i in enumerate(group):
@@ -179,8 +188,13 @@ class EagleProposer(Proposer):
         span = int(cached.max())
         n_tree = (depth - 1) * top_k  # nodes run through the head (all but the last depth)
         # committed keys, then each depth's nodes: [B, H_kv, S + n_tree, D]
-        keys = torch.cat([self.k_cache[slots, :, :span],
-                          self.k_cache.new_zeros(b, self.head.kv_heads, n_tree, self.head.head_dim)], 2)  # fmt: skip
+        keys = torch.cat(
+            [
+                self.k_cache[slots, :, :span],
+                self.k_cache.new_zeros(b, self.head.kv_heads, n_tree, self.head.head_dim),
+            ],
+            2,
+        )
         values = torch.cat([self.v_cache[slots, :, :span], torch.zeros_like(keys[:, :, span:])], 2)
         committed = (torch.arange(span)[None, :] < cached[:, None]).to(dev)  # [B, S]
         committed = committed[:, None].expand(b, top_k, span)  # [B, top_k, S]
@@ -205,8 +219,9 @@ class EagleProposer(Proposer):
             anc = torch.cat([anc, eye], dim=2)  # [B, top_k, n_run + top_k]
             mask = torch.cat([committed, anc], dim=2)[:, None]
             upto = span + n_run + top_k
-            o_new, logits = self.run.finish(front_feat, q, keys[:, :, :upto],
-                                            values[:, :, :upto], mask)  # fmt: skip
+            o_new, logits = self.run.finish(
+                front_feat, q, keys[:, :, :upto], values[:, :, :upto], mask
+            )
             child_score, child_tok = logits.log_softmax(-1).topk(top_k, dim=-1)  # [B, k, k]
             total = (front_score[..., None] + child_score).flatten(1)  # [B, k*k]
             c0 = sum(t.shape[1] for t in cand_tok)

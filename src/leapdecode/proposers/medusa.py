@@ -46,8 +46,9 @@ class MedusaProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Drafts:
-        rows = [i for i, (s, k) in enumerate(zip(seqs, ks, strict=True))
-                if k > 0 and s.id in self.last]  # fmt: skip
+        rows = [
+            i for i, (s, k) in enumerate(zip(seqs, ks, strict=True)) if k > 0 and s.id in self.last
+        ]
         if not rows:
             return Drafts.empty(len(seqs))
         for i in rows:

@@ -105,8 +105,13 @@ class SuffixTree:
                 # the suffix ending at `node` grows by tok (seq[j]); active[i]: where it ends now
                 child = node.children.get(tok)
                 if child is None:
-                    if (node.count == 1 and node is not root and not node.children
-                            and node.src is seq and node.start + node.length == j):  # fmt: skip
+                    if (
+                        node.count == 1
+                        and node is not root
+                        and not node.children
+                        and node.src is seq
+                        and node.start + node.length == j
+                    ):
                         node.length += 1  # this suffix's own tail: the edge runs on with the text
                         node.stamp = stamp
                         continue
@@ -205,8 +210,9 @@ class SuffixTree:
         longest = min(len(active), self.max_depth - 1)
         return [(m, (active[-m], active[-m].length)) for m in range(1, longest + 1)]
 
-    def draft(self, at: tuple[Node, int], max_tokens: int, min_prob: float,
-              tree: bool) -> tuple[list[int], list[int], float]:  # fmt: skip
+    def draft(
+        self, at: tuple[Node, int], max_tokens: int, min_prob: float, tree: bool
+    ) -> tuple[list[int], list[int], float]:
         """(tokens, parents as input indices, score) grown from a match `at`."""
         tokens: list[int] = []
         parents: list[int] = []

@@ -34,11 +34,18 @@ MAX_BODY = 1 << 20  # bytes
 
 
 def _param_of(message: str) -> str | None:
-    for needle, param in (("temperature", "temperature"), ("top-p", "top_p"), ("top-k", "top_k"),
-                          ("max_new_tokens", "max_tokens"), ("prompt", "prompt"),
-                          ("token id", "prompt"), ("seed", "seed"), ("stop", "stop"),
-                          ("k must", "speculation.num_speculative_tokens"),
-                          ("method", "speculation.method")):  # fmt: skip
+    for needle, param in (
+        ("temperature", "temperature"),
+        ("top-p", "top_p"),
+        ("top-k", "top_k"),
+        ("max_new_tokens", "max_tokens"),
+        ("prompt", "prompt"),
+        ("token id", "prompt"),
+        ("seed", "seed"),
+        ("stop", "stop"),
+        ("k must", "speculation.num_speculative_tokens"),
+        ("method", "speculation.method"),
+    ):
         if needle in message:
             return param
     return None
@@ -104,22 +111,39 @@ class _Guard:
                 while more:
                     message = await receive()
                     more = message["type"] == "http.request" and message.get("more_body", False)
-            response = _error(protocol.bad(f"the request body is larger than {MAX_BODY} bytes",
-                                           None, "request_too_large"))  # fmt: skip
+            response = _error(
+                protocol.bad(
+                    f"the request body is larger than {MAX_BODY} bytes", None, "request_too_large"
+                )
+            )
             await response(scope, receive, send)
             return
-        if self.key and scope["path"].startswith("/v1/") \
-                and headers.get(b"authorization", b"") != self.key:  # fmt: skip
-            response = _error(APIError(401, "missing or wrong API key: send "
-                                       "'Authorization: Bearer KEY'", None, "invalid_api_key",
-                                       "authentication_error"))  # fmt: skip
+        if (
+            self.key
+            and scope["path"].startswith("/v1/")
+            and headers.get(b"authorization", b"") != self.key
+        ):
+            response = _error(
+                APIError(
+                    401,
+                    "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                    None,
+                    "invalid_api_key",
+                    "authentication_error",
+                )
+            )
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
 
-def create_app(engine: EngineClient, frontend: Frontend, spec: SpecConfig, model_name: str,
-               api_key: str | None = None) -> FastAPI:  # fmt: skip
+def create_app(
+    engine: EngineClient,
+    frontend: Frontend,
+    spec: SpecConfig,
+    model_name: str,
+    api_key: str | None = None,
+) -> FastAPI:
     """engine: the engine process, loaded (EngineClient.wait_ready); frontend: requests'
     tokenizer side, with the engine's capabilities; spec: the server's default speculation."""
 
@@ -137,13 +161,27 @@ def create_app(engine: EngineClient, frontend: Frontend, spec: SpecConfig, model
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
-        return _error(APIError(exc.status_code, str(exc.detail), None, None,
-                               "not_found_error" if exc.status_code == 404 else "invalid_request_error"))  # fmt: skip
+        return _error(
+            APIError(
+                exc.status_code,
+                str(exc.detail),
+                None,
+                None,
+                "not_found_error" if exc.status_code == 404 else "invalid_request_error",
+            )
+        )
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception):
-        return _error(APIError(500, f"internal error: {type(exc).__name__}: {exc}", None,
-                               "internal_error", "server_error"))  # fmt: skip
+        return _error(
+            APIError(
+                500,
+                f"internal error: {type(exc).__name__}: {exc}",
+                None,
+                "internal_error",
+                "server_error",
+            )
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
@@ -152,14 +190,20 @@ def create_app(engine: EngineClient, frontend: Frontend, spec: SpecConfig, model
     async def _body(request: Request) -> dict:
         raw = await request.body()
         if len(raw) > MAX_BODY:
-            raise protocol.bad(f"the request body is larger than {MAX_BODY} bytes", None,
-                               "request_too_large")  # fmt: skip
+            raise protocol.bad(
+                f"the request body is larger than {MAX_BODY} bytes", None, "request_too_large"
+            )
         body = protocol.parse_json(raw)
         model = body.get("model")
         if model is not None and model != model_name:
-            raise APIError(404, f"the model {model!r} does not exist: this server serves "
-                           f"{model_name!r} (GET /v1/models)", "model", "model_not_found",
-                           "not_found_error")  # fmt: skip
+            raise APIError(
+                404,
+                f"the model {model!r} does not exist: this server serves "
+                f"{model_name!r} (GET /v1/models)",
+                "model",
+                "model_not_found",
+                "not_found_error",
+            )
         return body
 
     def _sequence(req: GenerationRequest, prompt):
@@ -177,37 +221,74 @@ def create_app(engine: EngineClient, frontend: Frontend, spec: SpecConfig, model
         try:
             events = engine.submit(seq)
         except QueueFull:
-            return _error(APIError(429, f"the server is busy ({engine.max_queue} requests "
-                                   "waiting): retry later", None, "queue_full",
-                                   "rate_limit_error"), headers={"Retry-After": "1"})  # fmt: skip
+            return _error(
+                APIError(
+                    429,
+                    f"the server is busy ({engine.max_queue} requests waiting): retry later",
+                    None,
+                    "queue_full",
+                    "rate_limit_error",
+                ),
+                headers={"Retry-After": "1"},
+            )
         except EngineGone as e:
-            return _error(APIError(503, f"the server cannot generate: {e}; restart it", None,
-                                   "engine_gone", "server_error"))  # fmt: skip
+            return _error(
+                APIError(
+                    503,
+                    f"the server cannot generate: {e}; restart it",
+                    None,
+                    "engine_gone",
+                    "server_error",
+                )
+            )
         rid = ("cmpl-" if kind == "text_completion" else "chatcmpl-") + uuid.uuid4().hex[:24]
         if req.stream:
-            return StreamingResponse(_stream(request, seq, events, rid, kind, req),
-                                     media_type="text/event-stream")  # fmt: skip
+            return StreamingResponse(
+                _stream(request, seq, events, rid, kind, req), media_type="text/event-stream"
+            )
         return await _complete(request, seq, events, rid, kind)
 
     def _usage(seq) -> dict:
-        return {"prompt_tokens": seq.prompt_len, "completion_tokens": seq.n_out,
-                "total_tokens": seq.prompt_len + seq.n_out}  # fmt: skip
+        return {
+            "prompt_tokens": seq.prompt_len,
+            "completion_tokens": seq.n_out,
+            "total_tokens": seq.prompt_len + seq.n_out,
+        }
 
     def _spec_stats(seq) -> dict:
         s = seq.stats.as_dict()
         k = 0 if seq.spec.method == "none" else seq.spec.num_speculative_tokens
-        return {"method": seq.spec.method, "num_speculative_tokens": k,
-                **{k: s[k] for k in ("proposed", "accepted", "acceptance_rate",
-                                     "mean_accepted_tokens", "target_forwards")}}  # fmt: skip
+        return {
+            "method": seq.spec.method,
+            "num_speculative_tokens": k,
+            **{
+                k: s[k]
+                for k in (
+                    "proposed",
+                    "accepted",
+                    "acceptance_rate",
+                    "mean_accepted_tokens",
+                    "target_forwards",
+                )
+            },
+        }
 
     def _choice(kind: str, text: str, finish: str | None, delta: bool) -> dict:
         if kind == "text_completion":
             return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         if delta:
-            return {"index": 0, "delta": {"content": text} if text else {}, "logprobs": None,
-                    "finish_reason": finish}  # fmt: skip
-        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                "finish_reason": finish}  # fmt: skip
+            return {
+                "index": 0,
+                "delta": {"content": text} if text else {},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+        return {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish,
+        }
 
     async def _complete(request, seq, events, rid, kind):
         watch = ClientWatch(request, events)
@@ -222,17 +303,27 @@ def create_app(engine: EngineClient, frontend: Frontend, spec: SpecConfig, model
                 break
         result = frontend.result(seq)
         finish = "stop" if result.finish_reason == "stop" else "length"
-        return {"id": rid, "object": kind if kind == "text_completion" else "chat.completion",
-                "created": int(time.time()), "model": model_name,
-                "choices": [_choice(kind, result.text, finish, False)], "usage": _usage(seq),
-                "speculation": _spec_stats(seq)}  # fmt: skip
+        return {
+            "id": rid,
+            "object": kind if kind == "text_completion" else "chat.completion",
+            "created": int(time.time()),
+            "model": model_name,
+            "choices": [_choice(kind, result.text, finish, False)],
+            "usage": _usage(seq),
+            "speculation": _spec_stats(seq),
+        }
 
     async def _stream(request, seq, events, rid, kind, req):
         obj = "text_completion" if kind == "text_completion" else "chat.completion.chunk"
 
         def chunk(text: str, finish: str | None, usage: dict | None = None) -> str:
-            body = {"id": rid, "object": obj, "created": int(time.time()), "model": model_name,
-                    "choices": [_choice(kind, text, finish, True)]}  # fmt: skip
+            body = {
+                "id": rid,
+                "object": obj,
+                "created": int(time.time()),
+                "model": model_name,
+                "choices": [_choice(kind, text, finish, True)],
+            }
             if usage is not None:
                 body["usage"] = usage
                 body["speculation"] = _spec_stats(seq)
@@ -280,14 +371,18 @@ def create_app(engine: EngineClient, frontend: Frontend, spec: SpecConfig, model
                 if tok is None or not getattr(tok, "chat_template", None):
                     raise protocol.bad(
                         f"the model {model_name!r} has no chat template (it is a code completion "
-                        "model): use POST /v1/completions with a prompt", "messages",
-                        "no_chat_template")  # fmt: skip
+                        "model): use POST /v1/completions with a prompt",
+                        "messages",
+                        "no_chat_template",
+                    )
                 try:
-                    prompt = tok.apply_chat_template(messages, tokenize=False,
-                                                     add_generation_prompt=True)  # fmt: skip
+                    prompt = tok.apply_chat_template(
+                        messages, tokenize=False, add_generation_prompt=True
+                    )
                 except Exception as e:  # noqa: BLE001 - a template that rejects the messages
-                    raise protocol.bad(f"the chat template rejected the messages: {e}",
-                                       "messages") from None  # fmt: skip
+                    raise protocol.bad(
+                        f"the chat template rejected the messages: {e}", "messages"
+                    ) from None
                 return await _run(request, req, prompt, "chat.completion")
             req = protocol.parse_completion(body)
             return await _run(request, req, req.prompt, "text_completion")
@@ -304,9 +399,18 @@ def create_app(engine: EngineClient, frontend: Frontend, spec: SpecConfig, model
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model",
-                                            "created": created, "owned_by": "leapdecode",
-                                            "max_model_len": frontend.max_context}]}  # fmt: skip
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": model_name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "leapdecode",
+                    "max_model_len": frontend.max_context,
+                }
+            ],
+        }
 
     @app.get("/health")
     async def health():
@@ -319,8 +423,11 @@ def create_app(engine: EngineClient, frontend: Frontend, spec: SpecConfig, model
         try:
             text = await engine.metrics_text()
         except (EngineGone, TimeoutError, asyncio.TimeoutError) as e:
-            return _error(APIError(503, f"the engine did not answer: {e}", None,
-                                   "engine_gone", "server_error"))  # fmt: skip
+            return _error(
+                APIError(
+                    503, f"the engine did not answer: {e}", None, "engine_gone", "server_error"
+                )
+            )
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
@@ -337,8 +444,11 @@ class Server(uvicorn.Server):
     def handle_exit(self, sig, frame) -> None:
         if not self.should_exit:
             busy = len(self.engine.requests)
-            what = (f"finishing {busy} request{'s' * (busy != 1)} in flight (Ctrl-C again to "
-                    "stop now)" if busy else "bye")  # fmt: skip
+            what = (
+                f"finishing {busy} request{'s' * (busy != 1)} in flight (Ctrl-C again to stop now)"
+                if busy
+                else "bye"
+            )
             print(f"leapdecode: stopping: {what}", flush=True)
         elif not self.force_exit:
             print("leapdecode: stopping now", flush=True)

@@ -17,20 +17,43 @@ def add_parser(sub, model_args) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-num-seqs", type=int, default=16, help="sequences decoded together")
-    p.add_argument("--max-queue", type=int, default=64,
-                   help="requests that may wait for a slot; more get 429 (default 64)")  # fmt: skip
-    p.add_argument("--speculation", default="auto", choices=list(METHODS),
-                   help="the default method (a request may override it; default auto)")  # fmt: skip
-    p.add_argument("--k", type=int, default=4,
-                   help=f"draft tokens per step (auto: the most it may use; 0..{MAX_K})")  # fmt: skip
-    p.add_argument("--k-per-batch-size", default=None, metavar="B:K,...",
-                   help="a static batch-size -> k table for fixed methods, e.g. 1:4,4:2,8:0")  # fmt: skip
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=64,
+        help="requests that may wait for a slot; more get 429 (default 64)",
+    )
+    p.add_argument(
+        "--speculation",
+        default="auto",
+        choices=list(METHODS),
+        help="the default method (a request may override it; default auto)",
+    )
+    p.add_argument(
+        "--k",
+        type=int,
+        default=4,
+        help=f"draft tokens per step (auto: the most it may use; 0..{MAX_K})",
+    )
+    p.add_argument(
+        "--k-per-batch-size",
+        default=None,
+        metavar="B:K,...",
+        help="a static batch-size -> k table for fixed methods, e.g. 1:4,4:2,8:0",
+    )
     p.add_argument("--ngram-min", type=int, default=2)
     p.add_argument("--ngram-max", type=int, default=4)
-    p.add_argument("--draft-vocab", type=int, default=None,
-                   help="the draft proposes only its N most frequent tokens (0 = all)")  # fmt: skip
-    p.add_argument("--api-key", default=os.environ.get("LEAPDECODE_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' (or $LEAPDECODE_API_KEY)")  # fmt: skip
+    p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        help="the draft proposes only its N most frequent tokens (0 = all)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("LEAPDECODE_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (or $LEAPDECODE_API_KEY)",
+    )
     p.add_argument("--served-model-name", default=None, help="model id (default: folder name)")
     add_draftless_args(p)
 
@@ -51,11 +74,14 @@ def bind(host: str, port: int) -> list:
     import socket
 
     try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)  # fmt: skip
+        infos = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
     except (socket.gaierror, UnicodeError) as e:
-        raise LeapDecodeError(f"--host {host!r} is not an address this machine can bind "
-                              f"({e}): use an IP address such as 127.0.0.1 or 0.0.0.0") from None  # fmt: skip
+        raise LeapDecodeError(
+            f"--host {host!r} is not an address this machine can bind "
+            f"({e}): use an IP address such as 127.0.0.1 or 0.0.0.0"
+        ) from None
     socks, seen = [], set()
     try:
         for family, kind, proto, _, addr in infos:
@@ -72,8 +98,11 @@ def bind(host: str, port: int) -> list:
     except OSError as e:
         for sock in socks:
             sock.close()
-        hint = ("another process is listening there: choose another --port, or stop it"
-                if e.errno == errno.EADDRINUSE else "choose another --host / --port")  # fmt: skip
+        hint = (
+            "another process is listening there: choose another --port, or stop it"
+            if e.errno == errno.EADDRINUSE
+            else "choose another --host / --port"
+        )
         where = f"[{host}]" if ":" in host else host
         raise LeapDecodeError(
             f"cannot listen on {where}:{port}: {e.strerror or e}: {hint}"
@@ -103,39 +132,66 @@ def cmd_serve(args) -> int:
         raise LeapDecodeError(f"--max-num-seqs must be >= 1, got {args.max_num_seqs}")
     socks = bind(args.host, args.port)
     table = parse_k_table(args.k_per_batch_size) if args.k_per_batch_size else ()
-    spec = SpecConfig(method=args.speculation, num_speculative_tokens=args.k,
-                      prompt_lookup_min=args.ngram_min, prompt_lookup_max=args.ngram_max,
-                      num_speculative_tokens_per_batch_size=table, **spec_options(args))  # fmt: skip
+    spec = SpecConfig(
+        method=args.speculation,
+        num_speculative_tokens=args.k,
+        prompt_lookup_min=args.ngram_min,
+        prompt_lookup_max=args.ngram_max,
+        num_speculative_tokens_per_batch_size=table,
+        **spec_options(args),
+    )
     target, draft = resolve_models(args.target, args.draft)
     if args.speculation == "draft" and draft is None:
         raise LeapDecodeError("--speculation draft needs a draft model: pass --draft PATH")
-    load = dict(target=target, draft=draft, backend=args.backend, device=args.device,
-                dtype=args.dtype, draft_dtype=args.draft_dtype, draft_vocab=args.draft_vocab,
-                max_num_seqs=args.max_num_seqs, threads=args.threads,
-                speculators=args.speculator, compile=args.compile,
-                **engine_options(args))  # fmt: skip
+    load = dict(
+        target=target,
+        draft=draft,
+        backend=args.backend,
+        device=args.device,
+        dtype=args.dtype,
+        draft_dtype=args.draft_dtype,
+        draft_vocab=args.draft_vocab,
+        max_num_seqs=args.max_num_seqs,
+        threads=args.threads,
+        speculators=args.speculator,
+        compile=args.compile,
+        **engine_options(args),
+    )
     resolve_threads(args.threads)  # a bad --threads is said here, not by the engine process
     torch.set_num_threads(1)  # the HTTP process runs no model
     name = args.served_model_name or os.path.basename(os.path.abspath(target))
     if spec.method == "auto":
-        print("leapdecode: loading, then profiling the step costs for auto (a few seconds)...",
-              flush=True)  # fmt: skip
+        print(
+            "leapdecode: loading, then profiling the step costs for auto (a few seconds)...",
+            flush=True,
+        )
     if args.compile:
-        print("leapdecode: compiling the target's forward (about a minute a graph the first "
-              "time, seconds once cached)...", flush=True)  # fmt: skip
+        print(
+            "leapdecode: compiling the target's forward (about a minute a graph the first "
+            "time, seconds once cached)...",
+            flush=True,
+        )
     engine = EngineClient({"load": load, "spec": spec}, args.max_queue)
     try:
         info = engine.wait_ready()
     except BaseException:  # a load that failed, or Ctrl-C meanwhile
         engine.stop(wait_s=0)
         raise
-    frontend = Frontend(load_tokenizer(target), info["eos_token_ids"], info["vocab_size"],
-                        info["max_context"], partial(check_spec, **info["capabilities"]))  # fmt: skip
+    frontend = Frontend(
+        load_tokenizer(target),
+        info["eos_token_ids"],
+        info["vocab_size"],
+        info["max_context"],
+        partial(check_spec, **info["capabilities"]),
+    )
     app = create_app(engine, frontend, spec, name, args.api_key)
-    where = f"[{args.host}]" if ":" in args.host else args.host or "0.0.0.0"  # fmt: skip
-    print(f"leapdecode: serving {name!r} on http://{where}:{args.port}/v1 "
-          f"(speculation {spec.method}, k {spec.num_speculative_tokens}, "
-          f"{args.max_num_seqs} slots)", flush=True)  # fmt: skip
+    where = f"[{args.host}]" if ":" in args.host else args.host or "0.0.0.0"
+    print(
+        f"leapdecode: serving {name!r} on http://{where}:{args.port}/v1 "
+        f"(speculation {spec.method}, k {spec.num_speculative_tokens}, "
+        f"{args.max_num_seqs} slots)",
+        flush=True,
+    )
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     gc.collect()
     gc.freeze()

@@ -17,8 +17,14 @@ from ..errors import LeapDecodeError
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, kind: str = "invalid_request_error") -> None:  # fmt: skip
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = (
             status,
@@ -29,8 +35,14 @@ class APIError(Exception):
         )
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.code}}  # fmt: skip
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 def bad(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
@@ -84,9 +96,14 @@ class GenerationRequest:
     spec_fields: dict | None = None  # other SpecConfig fields (use_tree_spec, lookahead_*, ..)
 
     def options(self) -> dict:
-        return {"max_new_tokens": self.max_tokens, "temperature": self.temperature,
-                "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed,
-                "stop": self.stop or None}  # fmt: skip
+        return {
+            "max_new_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "seed": self.seed,
+            "stop": self.stop or None,
+        }
 
 
 def _common(body: dict, prompt) -> GenerationRequest:
@@ -129,35 +146,57 @@ def _common(body: dict, prompt) -> GenerationRequest:
     method = k = None
     if spec is not None:
         if not isinstance(spec, dict):
-            raise bad('\'speculation\' must be an object like {"method": "ngram", '
-                      '"num_speculative_tokens": 4}', "speculation", "invalid_type")  # fmt: skip
+            raise bad(
+                '\'speculation\' must be an object like {"method": "ngram", '
+                '"num_speculative_tokens": 4}',
+                "speculation",
+                "invalid_type",
+            )
         method = spec.get("method")
         if method is not None and method not in METHODS:
-            raise bad(f"unknown speculation method {method!r}: use one of {', '.join(METHODS)}",
-                      "speculation.method")  # fmt: skip
+            raise bad(
+                f"unknown speculation method {method!r}: use one of {', '.join(METHODS)}",
+                "speculation.method",
+            )
         k = _number(spec, "num_speculative_tokens", None, lo=0, hi=MAX_K, integer=True)
         table = spec.get("num_speculative_tokens_per_batch_size")
         if table is not None:
             try:
                 table = parse_k_table(",".join(f"{b}:{t}" for b, t in dict(table).items()))
             except (LeapDecodeError, TypeError, ValueError) as e:
-                raise bad(f"'num_speculative_tokens_per_batch_size' must map batch sizes to k: {e}",
-                          "speculation.num_speculative_tokens_per_batch_size") from None  # fmt: skip
+                raise bad(
+                    f"'num_speculative_tokens_per_batch_size' must map batch sizes to k: {e}",
+                    "speculation.num_speculative_tokens_per_batch_size",
+                ) from None
         core = {"method", "num_speculative_tokens", "num_speculative_tokens_per_batch_size"}
         fields = spec_field_names() - core
         unknown = sorted(set(spec) - fields - core)
         if unknown:
-            raise bad(f"unknown speculation field {unknown[0]!r}: use method, "
-                      "num_speculative_tokens, num_speculative_tokens_per_batch_size or "
-                      f"{', '.join(sorted(fields))}", f"speculation.{unknown[0]}")  # fmt: skip
+            raise bad(
+                f"unknown speculation field {unknown[0]!r}: use method, "
+                "num_speculative_tokens, num_speculative_tokens_per_batch_size or "
+                f"{', '.join(sorted(fields))}",
+                f"speculation.{unknown[0]}",
+            )
         extra = {name: spec[name] for name in fields if name in spec}
     else:
         table = None
         extra = None
-    return GenerationRequest(prompt, max_tokens, float(temperature), float(top_p), top_k, seed,
-                             stop, stream, method, k, table,
-                             include_usage=bool(opts.get("include_usage", True)),
-                             spec_fields=extra or None)  # fmt: skip
+    return GenerationRequest(
+        prompt,
+        max_tokens,
+        float(temperature),
+        float(top_p),
+        top_k,
+        seed,
+        stop,
+        stream,
+        method,
+        k,
+        table,
+        include_usage=bool(opts.get("include_usage", True)),
+        spec_fields=extra or None,
+    )
 
 
 def parse_completion(body: dict) -> GenerationRequest:
@@ -168,8 +207,12 @@ def parse_completion(body: dict) -> GenerationRequest:
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, list):
         if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            raise bad("'prompt' must be a string or a non-empty list of token ids (integers); "
-                      "batches of several prompts are not supported", "prompt", "invalid_type")  # fmt: skip
+            raise bad(
+                "'prompt' must be a string or a non-empty list of token ids (integers); "
+                "batches of several prompts are not supported",
+                "prompt",
+                "invalid_type",
+            )
     elif not isinstance(prompt, str):
         raise bad("'prompt' must be a string or a list of token ids", "prompt", "invalid_type")
     elif not prompt:
@@ -180,14 +223,20 @@ def parse_completion(body: dict) -> GenerationRequest:
 def parse_chat(body: dict) -> tuple[list[dict], GenerationRequest]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise bad("'messages' must be a non-empty list of {role, content} objects", "messages",
-                  "missing" if messages is None else "invalid_type")  # fmt: skip
+        raise bad(
+            "'messages' must be a non-empty list of {role, content} objects",
+            "messages",
+            "missing" if messages is None else "invalid_type",
+        )
     for m in messages:
         if (
             not isinstance(m, dict)
             or not isinstance(m.get("role"), str)
             or not isinstance(m.get("content"), str)
         ):
-            raise bad("each message must be an object with string 'role' and 'content'",
-                      "messages", "invalid_type")  # fmt: skip
+            raise bad(
+                "each message must be an object with string 'role' and 'content'",
+                "messages",
+                "invalid_type",
+            )
     return messages, _common(body, "")

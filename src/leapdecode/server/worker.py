@@ -96,10 +96,15 @@ def engine_main(options: dict, inbox, outbox) -> None:
     except Exception as e:  # noqa: BLE001 - said in one line by the HTTP process
         result = ("failed", f"internal error while loading: {type(e).__name__}: {e}")
     else:
-        result = ("ready", {"capabilities": engine.capabilities(),
-                            "eos_token_ids": sorted(dec.eos_token_ids),
-                            "vocab_size": dec.target.vocab_size,
-                            "max_context": dec.target.max_context})  # fmt: skip
+        result = (
+            "ready",
+            {
+                "capabilities": engine.capabilities(),
+                "eos_token_ids": sorted(dec.eos_token_ids),
+                "vocab_size": dec.target.vocab_size,
+                "max_context": dec.target.max_context,
+            },
+        )
     try:
         outbox.send(result)
     except OSError:  # the HTTP process is gone already
@@ -160,8 +165,9 @@ class _Core:
             self.outbox.send(("metrics", rest[0], self.metrics.render()))
 
     def _send(self) -> None:
-        self.outbox.send(("step", self.events, len(self.engine.running),
-                          len(self.engine.waiting), self.admitted))  # fmt: skip
+        self.outbox.send(
+            ("step", self.events, len(self.engine.running), len(self.engine.waiting), self.admitted)
+        )
         self.events = []
 
     def run(self) -> None:
@@ -181,8 +187,16 @@ class _Core:
                     for seq, toks in engine.step():
                         if seq.finished:
                             self.metrics.on_finish(seq, seq.finish_reason or "length")
-                        self.events.append((seq.id, toks, seq.finished, seq.finish_reason,
-                                            seq.stats if seq.finished else None, None))  # fmt: skip
+                        self.events.append(
+                            (
+                                seq.id,
+                                toks,
+                                seq.finished,
+                                seq.finish_reason,
+                                seq.stats if seq.finished else None,
+                                None,
+                            )
+                        )
                 except Exception as e:  # noqa: BLE001 - keep serving; fail what was running
                     log.exception("engine step failed")
                     for seq in list(engine.running) + list(engine.waiting):
@@ -204,8 +218,12 @@ class EngineClient:
         ctx = mp.get_context("spawn")  # a fresh interpreter: safe with CUDA and threads
         down_recv, self.down = ctx.Pipe(duplex=False)
         self.up, up_send = ctx.Pipe(duplex=False)
-        self.proc = ctx.Process(target=engine_main, args=(options, down_recv, up_send),
-                                name="leapdecode-engine", daemon=True)  # fmt: skip
+        self.proc = ctx.Process(
+            target=engine_main,
+            args=(options, down_recv, up_send),
+            name="leapdecode-engine",
+            daemon=True,
+        )
         # started with Ctrl-C blocked, a mask the child inherits until engine_main ignores
         # Ctrl-C: one pressed meanwhile stops this process (it is held, then delivered here)
         # and prints no traceback from the child's start-up
@@ -237,8 +255,10 @@ class EngineClient:
             what, info = self.up.recv()
         except (EOFError, OSError):
             self.proc.join(timeout=5)
-            raise LeapDecodeError(f"the engine process exited while loading (exit code "
-                                  f"{self.proc.exitcode}): see the messages above") from None  # fmt: skip
+            raise LeapDecodeError(
+                f"the engine process exited while loading (exit code "
+                f"{self.proc.exitcode}): see the messages above"
+            ) from None
         if what == "failed":
             self.proc.join(timeout=5)
             raise LeapDecodeError(info)

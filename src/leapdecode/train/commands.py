@@ -76,9 +76,13 @@ def add_parsers(sub) -> None:
     sg.add_argument("--seed", type=int, default=0)
 
     pg = what.add_parser("progress", help="plot a run's loss and copy signals so far")
-    pg.add_argument("--run-dir", required=True, action="append",
-                    help="a run's folder; repeat it for a run continued by another (--init): "
-                    "later runs continue the tokens axis")  # fmt: skip
+    pg.add_argument(
+        "--run-dir",
+        required=True,
+        action="append",
+        help="a run's folder; repeat it for a run continued by another (--init): "
+        "later runs continue the tokens axis",
+    )
     pg.add_argument("--out", default=os.path.join("docs", "training"))
 
     from .heads_command import add_parsers as add_heads
@@ -101,8 +105,11 @@ def add_parsers(sub) -> None:
         help="an earlier target's evaluation.json (or docs/training/v0_copying.json): "
         "the card checks that the looping share is lower than its",
     )
-    ev.add_argument("--no-copying", action="store_true",
-                    help="skip the copy, revision and looping tests (greedy generation)")  # fmt: skip
+    ev.add_argument(
+        "--no-copying",
+        action="store_true",
+        help="skip the copy, revision and looping tests (greedy generation)",
+    )
 
 
 def _data_args(p) -> None:
@@ -133,20 +140,28 @@ def _loop_args(p, steps, batch, lr) -> None:
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--checkpoint-every", type=int, default=25)
     p.add_argument(
-        "--precision", default="auto", choices=["auto", "bf16", "fp32"],
+        "--precision",
+        default="auto",
+        choices=["auto", "bf16", "fp32"],
         help="bf16 autocast or float32; auto: bf16 only where the CPU has native bf16",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--compile", action="store_true",
+        "--compile",
+        action="store_true",
         help="torch.compile the training step (about 1.3x faster on CPU; needs a C++ compiler)",
-    )  # fmt: skip
-    p.add_argument("--max-minutes", type=float, default=0.0,
-                   help="stop after this much training time (resumable); 0 = no limit")  # fmt: skip
+    )
     p.add_argument(
-        "--schedule", default=None,
+        "--max-minutes",
+        type=float,
+        default=0.0,
+        help="stop after this much training time (resumable); 0 = no limit",
+    )
+    p.add_argument(
+        "--schedule",
+        default=None,
         help="stages CONTEXTxBATCH:STEPS,... (e.g. 256x8:6000,1024x4:2000); overrides "
         "--steps, --batch and --context for the batches (the model's context stays --context)",
-    )  # fmt: skip
+    )
 
 
 def cmd_tokenizer(args) -> int:
@@ -181,9 +196,16 @@ def cmd_selfgen(args) -> int:
     run_dir = os.path.join(RUNS, os.path.basename(os.path.abspath(args.target)))
     corpus_tokens = load_or_encode(tokenizer, root, files, "train", run_dir)
     stream = generate_stream(
-        args.target, corpus_tokens, args.out, args.samples, args.prefix_tokens,
-        args.new_tokens, args.batch, args.seed, tokenizer.eos_token_id,
-    )  # fmt: skip
+        args.target,
+        corpus_tokens,
+        args.out,
+        args.samples,
+        args.prefix_tokens,
+        args.new_tokens,
+        args.batch,
+        args.seed,
+        tokenizer.eos_token_id,
+    )
     print(f"{len(stream)} tokens saved to {args.out}")
     return 0
 
@@ -194,8 +216,9 @@ def cmd_edits(args) -> int:
     if args.docs < 1 or not 0 <= args.plain_share < 1:
         raise LeapDecodeError("--docs must be >= 1 and --plain-share in [0, 1)")
     root, files = corpus_files(args)
-    stream = build_stream(load_tokenizer(args.tokenizer), root, files, args.docs,
-                          args.plain_share, args.seed)  # fmt: skip
+    stream = build_stream(
+        load_tokenizer(args.tokenizer), root, files, args.docs, args.plain_share, args.seed
+    )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     np.save(args.out, stream)
     print(f"{len(stream)} tokens saved to {args.out}")
@@ -229,7 +252,15 @@ def cmd_heads(args) -> int:
 
 
 def cmd_train(args) -> int:
-    return {"tokenizer": cmd_tokenizer, "target": cmd_target, "draft": cmd_draft,
-            "sizing": cmd_sizing, "progress": cmd_progress,
-            "evaluate": cmd_evaluate, "selfgen": cmd_selfgen,
-            "edits": cmd_edits, "medusa": cmd_heads, "eagle": cmd_heads}[args.what](args)  # fmt: skip
+    return {
+        "tokenizer": cmd_tokenizer,
+        "target": cmd_target,
+        "draft": cmd_draft,
+        "sizing": cmd_sizing,
+        "progress": cmd_progress,
+        "evaluate": cmd_evaluate,
+        "selfgen": cmd_selfgen,
+        "edits": cmd_edits,
+        "medusa": cmd_heads,
+        "eagle": cmd_heads,
+    }[args.what](args)

@@ -44,11 +44,16 @@ def copy_score(dec, cases, max_rest: int = 192) -> dict:
         if not _fits(dec, prompt, len(want)):
             continue
         got = dec.generate(prompt, max_new_tokens=len(want)).token_ids
-        same = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
-                    min(len(got), len(want)))  # fmt: skip
+        same = next(
+            (i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
+            min(len(got), len(want)),
+        )
         scores.append(same / len(want))
-    return {"copy_score": sum(scores) / max(1, len(scores)), "copy_functions": len(scores),
-            "copy_scores": scores}  # fmt: skip
+    return {
+        "copy_score": sum(scores) / max(1, len(scores)),
+        "copy_functions": len(scores),
+        "copy_scores": scores,
+    }
 
 
 def revision_exact(dec, prompt_file: str) -> dict:

@@ -34,11 +34,20 @@ def new_head(teacher: Teacher, draft_ids: torch.Tensor) -> Eagle3Head:
     head_dim = int(getattr(cfg, "head_dim", None) or teacher.hidden // heads)
     rope = dict(getattr(cfg, "rope_parameters", None) or {})
     theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
-    head = Eagle3Head(teacher.hidden, teacher.hidden, heads,
-                      int(getattr(cfg, "num_key_value_heads", heads)), head_dim,
-                      int(cfg.intermediate_size), teacher.vocab, draft_ids,
-                      default_aux_layers(teacher.layers), theta,
-                      int(cfg.max_position_embeddings) + 2, float(cfg.rms_norm_eps))  # fmt: skip
+    head = Eagle3Head(
+        teacher.hidden,
+        teacher.hidden,
+        heads,
+        int(getattr(cfg, "num_key_value_heads", heads)),
+        head_dim,
+        int(cfg.intermediate_size),
+        teacher.vocab,
+        draft_ids,
+        default_aux_layers(teacher.layers),
+        theta,
+        int(cfg.max_position_embeddings) + 2,
+        float(cfg.rms_norm_eps),
+    )
     with torch.no_grad():  # start from the target's own output rows for the draft tokens
         head.lm_head.weight.copy_(teacher.model.get_output_embeddings().weight[draft_ids])
     return head
@@ -76,8 +85,14 @@ def eagle_loss(head: Eagle3Head, teacher: Teacher, steps: int):
 
 
 @torch.no_grad()
-def measure(head: Eagle3Head, teacher: Teacher, tokens: np.ndarray, steps: int,
-            windows: int = 16, context: int = 256) -> dict:  # fmt: skip
+def measure(
+    head: Eagle3Head,
+    teacher: Teacher,
+    tokens: np.ndarray,
+    steps: int,
+    windows: int = 16,
+    context: int = 256,
+) -> dict:
     """Held-out accuracy by draft depth (top-1 and top-4), and the share of target greedy
     tokens the draft vocabulary covers."""
     context = min(context, len(tokens) - 2)
@@ -93,16 +108,19 @@ def measure(head: Eagle3Head, teacher: Teacher, tokens: np.ndarray, steps: int,
             top1[j] += float((top[..., :1] == g).float().mean())
             top4[j] += float((top == g).any(-1).float().mean())
     k = len(range(0, windows, 4))
-    return {"top1_by_depth": (top1 / k).round(4).tolist(),
-            "top4_by_depth": (top4 / k).round(4).tolist(),
-            "draft_vocab_coverage": round(covered / n, 4)}  # fmt: skip
+    return {
+        "top1_by_depth": (top1 / k).round(4).tolist(),
+        "top4_by_depth": (top4 / k).round(4).tolist(),
+        "draft_vocab_coverage": round(covered / n, 4),
+    }
 
 
 def init_head(teacher: Teacher, path: str) -> Eagle3Head:
     """A trained head to continue from (`--init`): it must read this target's layers."""
     head = Eagle3Head.load(path)
     if (head.target_hidden, head.vocab_size) != (teacher.hidden, teacher.vocab) or max(
-            head.aux_layers) >= teacher.layers:  # fmt: skip
+        head.aux_layers
+    ) >= teacher.layers:
         raise LeapDecodeError(
             f"--init {path!r} is a head for another target (hidden {head.target_hidden}, "
             f"vocabulary {head.vocab_size}, layers {list(head.aux_layers)}; this target: "
@@ -113,9 +131,22 @@ def init_head(teacher: Teacher, path: str) -> Eagle3Head:
     return head.train()
 
 
-def train_eagle(teacher: Teacher, train_tokens, val_tokens, *, draft_vocab: int, ttt_steps: int,
-                steps: int, batch: int, context: int, lr: float, run_dir: str,
-                seed: int = 0, stamp: dict | None = None, init: str | None = None):  # fmt: skip
+def train_eagle(
+    teacher: Teacher,
+    train_tokens,
+    val_tokens,
+    *,
+    draft_vocab: int,
+    ttt_steps: int,
+    steps: int,
+    batch: int,
+    context: int,
+    lr: float,
+    run_dir: str,
+    seed: int = 0,
+    stamp: dict | None = None,
+    init: str | None = None,
+):
     """Returns (trained head with its held-out accuracy, training summary). init: a head
     folder to continue from (its weights and draft vocabulary) instead of a new head."""
     import hashlib
@@ -126,16 +157,25 @@ def train_eagle(teacher: Teacher, train_tokens, val_tokens, *, draft_vocab: int,
     else:
         head = new_head(teacher, draft_vocabulary(train_tokens, teacher.vocab, draft_vocab))
     vocab_digest = hashlib.sha256(head.draft_ids.numpy().tobytes()).hexdigest()[:16]
-    stamp = {**(stamp or {}), "kind": "eagle", "ttt_steps": ttt_steps,
-             "draft_vocab": vocab_digest}  # fmt: skip
+    stamp = {**(stamp or {}), "kind": "eagle", "ttt_steps": ttt_steps, "draft_vocab": vocab_digest}
     if init:  # a run folder continues only the run it began with these weights
         weights = hashlib.sha256()
         for v in head.state_dict().values():
             weights.update(v.detach().numpy().tobytes())
         stamp["init"] = weights.hexdigest()[:16]
-    summary = fit(head, eagle_loss(head, teacher, ttt_steps), train_tokens, steps=steps,
-                  batch=batch, context=context, lr=lr, run_dir=run_dir, desc="eagle",
-                  seed=seed, stamp=stamp)  # fmt: skip
+    summary = fit(
+        head,
+        eagle_loss(head, teacher, ttt_steps),
+        train_tokens,
+        steps=steps,
+        batch=batch,
+        context=context,
+        lr=lr,
+        run_dir=run_dir,
+        desc="eagle",
+        seed=seed,
+        stamp=stamp,
+    )
     if init:
         summary["init"] = init
     head.info["accuracy"] = measure(head, teacher, val_tokens, ttt_steps)

@@ -70,8 +70,13 @@ def scored_windows(models: dict, tokenizer, files, context: int):
     return nll, count, agree
 
 
-def interleaved_decode_ms(paths: dict[str, str], draft_names=frozenset(), context: int = 256,
-                          reps: int = 300, draft_head: int = 2048) -> dict[str, float]:  # fmt: skip
+def interleaved_decode_ms(
+    paths: dict[str, str],
+    draft_names=frozenset(),
+    context: int = 256,
+    reps: int = 300,
+    draft_head: int = 2048,
+) -> dict[str, float]:
     """Decode step (one token after `context` cached) of several models, timed in turns so
     that they share the machine's state; median ms. Targets run in their checkpoint dtype,
     drafts (`draft_names`) in float32 with a `draft_head`-token output layer, as the bench
@@ -147,9 +152,13 @@ def evaluate_and_write_cards(args) -> dict:
     nll, count, agree = scored_windows(models, tokenizer, files, context)
     n_bytes = sum(len(d) for _, d in files)
     xz = xz_bits_per_byte(files)
-    report = {"validation_files": len(files), "validation_bytes": n_bytes,
-              "validation_tokens": count, "xz_9e_bits_per_byte": xz,
-              "corpus_manifest_sha256": manifest["sha256"]}  # fmt: skip
+    report = {
+        "validation_files": len(files),
+        "validation_bytes": n_bytes,
+        "validation_tokens": count,
+        "xz_9e_bits_per_byte": xz,
+        "corpus_manifest_sha256": manifest["sha256"],
+    }
     ms = pair_decode_ms(paths)
     for name in paths:
         report[name] = {
@@ -194,8 +203,10 @@ def baseline_looping(path: str) -> dict:
     except (OSError, ValueError, AttributeError) as e:
         raise LeapDecodeError(f"--baseline {path}: not a readable JSON report ({e})") from None
     if share is None:
-        raise LeapDecodeError(f"--baseline {path}: has no looping_share; pass an evaluation.json "
-                         "written by `leapdecode train evaluate` with the copy tests on")  # fmt: skip
+        raise LeapDecodeError(
+            f"--baseline {path}: has no looping_share; pass an evaluation.json "
+            "written by `leapdecode train evaluate` with the copy tests on"
+        )
     return {"baseline_looping_share": float(share), "baseline": os.path.basename(path)}
 
 
@@ -207,15 +218,26 @@ def _targets(kind: str, report: dict) -> list[tuple[str, str, bool]]:
         out = [("bits per byte <= 0.70 x xz -9e (aim 0.62)", f"{ratio:.3f} x", ratio <= 0.70)]
         if "copy_score" in r:
             out += [
-                ("copies a held-out function asked for unchanged: >= 80% of its tokens",
-                 f"{r['copy_score']:.3f}", r["copy_score"] >= 0.80),
-                ("reproduces the revised rest exactly on >= 50% of the bench's revision prompts",
-                 f"{r.get('revision_exact', float('nan')):.3f}", r.get("revision_exact", 0) >= 0.5),
-            ]  # fmt: skip
+                (
+                    "copies a held-out function asked for unchanged: >= 80% of its tokens",
+                    f"{r['copy_score']:.3f}",
+                    r["copy_score"] >= 0.80,
+                ),
+                (
+                    "reproduces the revised rest exactly on >= 50% of the bench's revision prompts",
+                    f"{r.get('revision_exact', float('nan')):.3f}",
+                    r.get("revision_exact", 0) >= 0.5,
+                ),
+            ]
         if "baseline_looping_share" in r:
             base = r["baseline_looping_share"]
-            out.append((f"loops less than the earlier target (`{r['baseline']}`: {base:.3f})",
-                        f"{r['looping_share']:.3f}", r["looping_share"] < base))  # fmt: skip
+            out.append(
+                (
+                    f"loops less than the earlier target (`{r['baseline']}`: {base:.3f})",
+                    f"{r['looping_share']:.3f}",
+                    r["looping_share"] < base,
+                )
+            )
         return out
     cost = r["decode_cost_vs_target"]
     agree = r["greedy_agreement"]
@@ -293,9 +315,13 @@ def write_card(path: str, kind: str, report: dict, model) -> None:
         )
     if s.get("lineage"):
         total = s.get("total_train_seconds", 0) / 3600
-        lines += ["", f"Trained in stages ({total:.2f} h in all); the table above is the last:", "",
-                  "| stage | what | steps | tokens seen | context | peak lr | hours |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            f"Trained in stages ({total:.2f} h in all); the table above is the last:",
+            "",
+            "| stage | what | steps | tokens seen | context | peak lr | hours |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for st in s["lineage"]:
             lines.append(
                 f"| {st['stage']} | {st['what']} | {st['steps']} | {st['tokens_seen']:,} "

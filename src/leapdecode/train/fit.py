@@ -36,11 +36,21 @@ def _train_config(args) -> TrainConfig:
     warmup = args.warmup if args.warmup is not None else max(1, steps * 6 // 100)
     bf16 = {"auto": cpu_has_fast_bf16(), "bf16": True, "fp32": False}[args.precision]
     return TrainConfig(
-        steps=steps, batch=args.batch, context=args.context, lr=args.lr, warmup=warmup,
-        seed=args.seed, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
-        bf16=bf16, threads=args.threads, ce_weight=getattr(args, "ce_weight", 0.0),
-        stages=stages, compile=args.compile, max_seconds=60 * args.max_minutes,
-    )  # fmt: skip
+        steps=steps,
+        batch=args.batch,
+        context=args.context,
+        lr=args.lr,
+        warmup=warmup,
+        seed=args.seed,
+        eval_every=args.eval_every,
+        checkpoint_every=args.checkpoint_every,
+        bf16=bf16,
+        threads=args.threads,
+        ce_weight=getattr(args, "ce_weight", 0.0),
+        stages=stages,
+        compile=args.compile,
+        max_seconds=60 * args.max_minutes,
+    )
 
 
 def parse_schedule(text: str, max_context: int) -> tuple:
@@ -70,12 +80,20 @@ def _llama_config(args, tokenizer):
         raise LeapDecodeError("--hidden must divide by --heads, and --heads by --kv-heads")
     eos = tokenizer.eos_token_id
     return LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=args.hidden, intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers, num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads, max_position_embeddings=args.context,
-        tie_word_embeddings=True, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos,
-        rms_norm_eps=1e-5, initializer_range=0.02,
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        max_position_embeddings=args.context,
+        tie_word_embeddings=True,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        rms_norm_eps=1e-5,
+        initializer_range=0.02,
+    )
 
 
 def load_tokenizer(path: str):
@@ -109,8 +127,13 @@ def _save(model, tokenizer, args, root, files, summary: dict, kind: str) -> None
     eos = tokenizer.eos_token_id
     GenerationConfig(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos).save_pretrained(args.out)
     m = corpus.save_manifest(root, files, args.out)
-    summary = {**summary, "kind": kind, "parameters": sum(p.numel() for p in model.parameters()),
-               "corpus_manifest_sha256": m["sha256"], "save_dtype": args.save_dtype}  # fmt: skip
+    summary = {
+        **summary,
+        "kind": kind,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "corpus_manifest_sha256": m["sha256"],
+        "save_dtype": args.save_dtype,
+    }
     summary = with_lineage(summary)
     with open(os.path.join(args.out, "training_summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
@@ -130,14 +153,20 @@ def stage_of(summary: dict) -> dict:
     )
     mix = summary.get("mix") or {}
     if mix.get("repeat_share") or mix.get("edit_share"):
-        what.append(f"with {mix.get('repeat_share', 0):.0%} repeated spans and "
-                    f"{mix.get('edit_share', 0):.0%} revision documents")  # fmt: skip
+        what.append(
+            f"with {mix.get('repeat_share', 0):.0%} repeated spans and "
+            f"{mix.get('edit_share', 0):.0%} revision documents"
+        )
     if len(stages) > 1:
         what.append("windows " + " -> ".join(f"{b} x {ctx}" for ctx, b, _ in stages))
-    return {"what": ", ".join(what), "steps": summary.get("steps", 0),
-            "tokens_seen": summary.get("tokens_seen", 0),
-            "train_seconds": summary.get("train_seconds", 0.0),
-            "context": stages[-1][0], "lr": c.get("lr")}  # fmt: skip
+    return {
+        "what": ", ".join(what),
+        "steps": summary.get("steps", 0),
+        "tokens_seen": summary.get("tokens_seen", 0),
+        "train_seconds": summary.get("train_seconds", 0.0),
+        "context": stages[-1][0],
+        "lr": c.get("lr"),
+    }
 
 
 def with_lineage(summary: dict) -> dict:
@@ -183,17 +212,30 @@ def fit(args, tokenizer, kind: str, teacher=None, save_partial: bool = False) ->
     else:
         model = LlamaForCausalLM(_llama_config(args, tokenizer))
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"{kind}: {n_params / 1e6:.2f}M parameters, {len(train_tokens) / 1e6:.2f}M training "
-          f"tokens, run folder {run_dir}")  # fmt: skip
+    print(
+        f"{kind}: {n_params / 1e6:.2f}M parameters, {len(train_tokens) / 1e6:.2f}M training "
+        f"tokens, run folder {run_dir}"
+    )
     batches, probe = _mixture(args, tokenizer, root, files, train_tokens, val_tokens, run_dir)
-    summary = train(model, train_tokens, val_tokens, cfg, run_dir, kind, teacher=teacher,
-                    batches=batches, probe=probe)  # fmt: skip
+    summary = train(
+        model,
+        train_tokens,
+        val_tokens,
+        cfg,
+        run_dir,
+        kind,
+        teacher=teacher,
+        batches=batches,
+        probe=probe,
+    )
     summary["config"] = asdict(cfg)
     if batches is not None:
         summary["mix"] = asdict(batches.mix)
     if summary["stopped_early"] and not save_partial:
-        print(f"{kind}: stopped at step {summary['steps']} (--max-minutes); rerun the same "
-              "command to continue")  # fmt: skip
+        print(
+            f"{kind}: stopped at step {summary['steps']} (--max-minutes); rerun the same "
+            "command to continue"
+        )
         return 0
     if teacher is not None:
         summary["teacher"] = args.target

@@ -23,8 +23,10 @@ EVAL_KS = (4, 8, 16)
 
 
 def add_parsers(what, data_args) -> None:
-    for kind, helptext in (("medusa", "Medusa-1 heads on the target's last hidden state"),
-                           ("eagle", "an EAGLE-3-style draft head on the target's features")):  # fmt: skip
+    for kind, helptext in (
+        ("medusa", "Medusa-1 heads on the target's last hidden state"),
+        ("eagle", "an EAGLE-3-style draft head on the target's features"),
+    ):
         p = what.add_parser(kind, help=helptext + " (self-distillation)")
         data_args(p)
         p.add_argument("--target", required=True, help="trained target folder (frozen teacher)")
@@ -39,18 +41,34 @@ def add_parsers(what, data_args) -> None:
         p.add_argument("--lr", type=float, default=3e-3 if kind == "medusa" else 2e-3)
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--threads", type=int, default=0)
-        p.add_argument("--eval-prompts", type=int, default=8,
-                       help="validation prompts for the measured acceptance (0: skip)")  # fmt: skip
+        p.add_argument(
+            "--eval-prompts",
+            type=int,
+            default=8,
+            help="validation prompts for the measured acceptance (0: skip)",
+        )
         if kind == "medusa":
             p.add_argument("--heads", type=int, default=4, help="Medusa heads (tokens ahead)")
         else:
-            p.add_argument("--draft-vocab", type=int, default=2048,
-                           help="the head drafts only the N most frequent tokens")  # fmt: skip
-            p.add_argument("--ttt-steps", type=int, default=4,
-                           help="training-time test: draft steps unrolled per position")  # fmt: skip
-            p.add_argument("--init", default=None, metavar="PATH",
-                           help="continue from this trained head (its weights and draft "
-                                "vocabulary; --draft-vocab is then ignored)")  # fmt: skip
+            p.add_argument(
+                "--draft-vocab",
+                type=int,
+                default=2048,
+                help="the head drafts only the N most frequent tokens",
+            )
+            p.add_argument(
+                "--ttt-steps",
+                type=int,
+                default=4,
+                help="training-time test: draft steps unrolled per position",
+            )
+            p.add_argument(
+                "--init",
+                default=None,
+                metavar="PATH",
+                help="continue from this trained head (its weights and draft "
+                "vocabulary; --draft-vocab is then ignored)",
+            )
 
 
 def _check(args) -> None:
@@ -149,25 +167,42 @@ def cmd_heads(args) -> int:
         )
     train, val = _tokens(args, args.target, run_dir)
     stamp = fingerprint(args.target, tokens=args.tokens, tokens_len=len(train))
-    common = dict(steps=args.steps, batch=args.batch, context=args.context, lr=args.lr,
-                  run_dir=run_dir, seed=args.seed, stamp=stamp)  # fmt: skip
+    common = dict(
+        steps=args.steps,
+        batch=args.batch,
+        context=args.context,
+        lr=args.lr,
+        run_dir=run_dir,
+        seed=args.seed,
+        stamp=stamp,
+    )
     if kind == "medusa":
         from .medusa import train_medusa
 
         heads, summary = train_medusa(teacher, train, val, num_heads=args.heads, **common)
-        accuracy = {"top1_by_head": [round(a[0], 4) for a in heads.accuracy],
-                    "top5_by_head": [round(sum(a[:5]), 4) for a in heads.accuracy]}  # fmt: skip
+        accuracy = {
+            "top1_by_head": [round(a[0], 4) for a in heads.accuracy],
+            "top5_by_head": [round(sum(a[:5]), 4) for a in heads.accuracy],
+        }
     else:
         from .eagle import train_eagle
 
         if args.init and not os.path.isfile(os.path.join(args.init, "config.json")):
             raise LeapDecodeError(f"--init {args.init!r} is not a head folder (no config.json)")
-        heads, summary = train_eagle(teacher, train, val, draft_vocab=args.draft_vocab,
-                                     ttt_steps=args.ttt_steps, init=args.init, **common)  # fmt: skip
+        heads, summary = train_eagle(
+            teacher,
+            train,
+            val,
+            draft_vocab=args.draft_vocab,
+            ttt_steps=args.ttt_steps,
+            init=args.init,
+            **common,
+        )
         accuracy = heads.info.pop("accuracy")
     summary["data"] = args.tokens or "the corpus training split"
-    heads.info.update({"target": os.path.basename(os.path.abspath(args.target)),
-                       "training": summary})  # fmt: skip
+    heads.info.update(
+        {"target": os.path.basename(os.path.abspath(args.target)), "training": summary}
+    )
     heads.save(args.out, extra={"accuracy": accuracy})
     acceptance = measured_acceptance(args.target, args.out, kind, args.eval_prompts)
     report = {"kind": kind, "accuracy": accuracy, "acceptance": acceptance, "training": summary}
@@ -181,44 +216,73 @@ def cmd_heads(args) -> int:
 def write_card(out: str, report: dict) -> None:
     kind, acc, t = report["kind"], report["accuracy"], report["training"]
     title = {"medusa": "Medusa-1 heads", "eagle": "EAGLE-3-style draft head"}[kind]
-    lines = [f"# {title} for `{os.path.basename(out).rsplit('-', 1)[0]}`", "",
-             "Trained by `leapdecode train " + kind + "` against the frozen target's own "
-             "outputs (self-distillation: its hidden states and next-token distributions).", "",
-             "| | |", "|---|---|",
-             f"| data | {t['data']} |",
-             *([f"| continued from | {t['init']} (steps below: this run's) |"] if t.get("init") else []),
-             f"| steps x batch x context | {t['steps']} x {t['batch']} x {t['context']} "
-             f"({t['tokens_seen'] / 1e6:.2f} M tokens) |",
-             f"| training time | {t['train_seconds'] / 60:.1f} min on this machine's CPU |",
-             f"| final training loss | {t['final_loss']:.3f} |", ""]  # fmt: skip
+    lines = [
+        f"# {title} for `{os.path.basename(out).rsplit('-', 1)[0]}`",
+        "",
+        "Trained by `leapdecode train " + kind + "` against the frozen target's own "
+        "outputs (self-distillation: its hidden states and next-token distributions).",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| data | {t['data']} |",
+        *([f"| continued from | {t['init']} (steps below: this run's) |"] if t.get("init") else []),
+        f"| steps x batch x context | {t['steps']} x {t['batch']} x {t['context']} "
+        f"({t['tokens_seen'] / 1e6:.2f} M tokens) |",
+        f"| training time | {t['train_seconds'] / 60:.1f} min on this machine's CPU |",
+        f"| final training loss | {t['final_loss']:.3f} |",
+        "",
+    ]
     if kind == "medusa":
-        lines += ["Held-out accuracy (teacher-forced: the head's token equals the target's "
-                  "greedy token there):", "", "| head (tokens ahead) | top-1 | top-5 |",
-                  "|---|---|---|"]  # fmt: skip
+        lines += [
+            "Held-out accuracy (teacher-forced: the head's token equals the target's "
+            "greedy token there):",
+            "",
+            "| head (tokens ahead) | top-1 | top-5 |",
+            "|---|---|---|",
+        ]
         for i, (a1, a5) in enumerate(zip(acc["top1_by_head"], acc["top5_by_head"], strict=True)):
             lines.append(f"| {i + 1} (t+{i + 2}) | {a1:.3f} | {a5:.3f} |")
     else:
-        lines += ["Held-out accuracy by draft depth (each depth drafts from the head's own "
-                  "features of the depth before, as at inference; the head's token equals "
-                  "the target's greedy token):", "", "| depth | top-1 | top-4 |",
-                  "|---|---|---|"]  # fmt: skip
+        lines += [
+            "Held-out accuracy by draft depth (each depth drafts from the head's own "
+            "features of the depth before, as at inference; the head's token equals "
+            "the target's greedy token):",
+            "",
+            "| depth | top-1 | top-4 |",
+            "|---|---|---|",
+        ]
         for j, (a1, a4) in enumerate(zip(acc["top1_by_depth"], acc["top4_by_depth"], strict=True)):
             lines.append(f"| {j + 1} | {a1:.3f} | {a4:.3f} |")
-        lines += ["", f"Draft vocabulary covers {acc['draft_vocab_coverage']:.1%} of the "
-                  "target's greedy tokens on held-out text."]  # fmt: skip
+        lines += [
+            "",
+            f"Draft vocabulary covers {acc['draft_vocab_coverage']:.1%} of the "
+            "target's greedy tokens on held-out text.",
+        ]
     a = report.get("acceptance") or {}
     if a:
-        lines += ["", f"Measured through the engine (greedy, {a['prompts']} validation "
-                  f"prompts, {a['max_new_tokens']} new tokens): mean accepted tokens per "
-                  "target forward, bonus token included:", "",
-                  "| tree size k | " + " | ".join(k[1:] for k in a["mean_accepted_tokens"]) + " |",
-                  "|---" * (1 + len(a["mean_accepted_tokens"])) + "|",
-                  "| accepted / forward | " + " | ".join(
-                      f"{v:.2f}" for v in a["mean_accepted_tokens"].values()) + " |"]  # fmt: skip
-    lines += ["", "Use: `leapdecode generate --method " + kind + " --k 16 \"def parse(line):\"` "
-              "(found beside the target; or `--speculator PATH`).", ""]  # fmt: skip
+        lines += [
+            "",
+            f"Measured through the engine (greedy, {a['prompts']} validation "
+            f"prompts, {a['max_new_tokens']} new tokens): mean accepted tokens per "
+            "target forward, bonus token included:",
+            "",
+            "| tree size k | " + " | ".join(k[1:] for k in a["mean_accepted_tokens"]) + " |",
+            "|---" * (1 + len(a["mean_accepted_tokens"])) + "|",
+            "| accepted / forward | "
+            + " | ".join(f"{v:.2f}" for v in a["mean_accepted_tokens"].values())
+            + " |",
+        ]
+    lines += [
+        "",
+        "Use: `leapdecode generate --method " + kind + ' --k 16 "def parse(line):"` '
+        "(found beside the target; or `--speculator PATH`).",
+        "",
+    ]
     if kind == "eagle":
-        lines += ["Export for vLLM: `leapdecode export --format speculators --speculator "
-                  f"{out} --out DIR`.", ""]  # fmt: skip
+        lines += [
+            "Export for vLLM: `leapdecode export --format speculators --speculator "
+            f"{out} --out DIR`.",
+            "",
+        ]
     with open(os.path.join(out, "README.md"), "w") as f:
         f.write("\n".join(lines))

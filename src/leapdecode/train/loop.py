@@ -114,8 +114,17 @@ def _save_checkpoint(path: str, model, opt, step: int, log: list) -> None:
     os.replace(tmp, path)
 
 
-def train(model, train_tokens: np.ndarray, val_tokens: np.ndarray, cfg: TrainConfig, run_dir: str,
-          desc: str, teacher=None, batches=None, probe=None) -> dict:  # fmt: skip
+def train(
+    model,
+    train_tokens: np.ndarray,
+    val_tokens: np.ndarray,
+    cfg: TrainConfig,
+    run_dir: str,
+    desc: str,
+    teacher=None,
+    batches=None,
+    probe=None,
+) -> dict:
     """Train `model` in place; returns a summary (steps, tokens, seconds, losses).
 
     `batches` (mix.Batches) draws the rows (default: plain windows of `train_tokens`);
@@ -127,9 +136,14 @@ def train(model, train_tokens: np.ndarray, val_tokens: np.ndarray, cfg: TrainCon
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
-    )  # fmt: skip
+        [
+            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
     ckpt_path = os.path.join(run_dir, "checkpoint.pt")
     start, log = 0, []
     if os.path.isfile(ckpt_path):
@@ -173,18 +187,28 @@ def train(model, train_tokens: np.ndarray, val_tokens: np.ndarray, cfg: TrainCon
         elapsed += dt
         loss = loss.item()
         seen += rows * context
-        entry = {"step": step + 1, "loss": loss, "lr": lr_at(cfg, step), "step_s": dt,
-                 "tokens": rows * context, "context": context, "batch": rows,
-                 "tokens_seen": seen, "train_s": elapsed}  # fmt: skip
+        entry = {
+            "step": step + 1,
+            "loss": loss,
+            "lr": lr_at(cfg, step),
+            "step_s": dt,
+            "tokens": rows * context,
+            "context": context,
+            "batch": rows,
+            "tokens_seen": seen,
+            "train_s": elapsed,
+        }
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             entry["val_loss"] = eval_loss(model, val_tokens, cfg)
             msg = f"{desc} step {step + 1}: train {loss:.3f}  val {entry['val_loss']:.3f}"
             if probe is not None:
                 entry["copy"] = probe.measure(model)
                 c = entry["copy"]
-                msg += (f"  2nd showing {c['second_showing_loss']:.2f} (1st "
-                        f"{c['first_showing_loss']:.2f})  copy {c['copy_score']:.2f}  "
-                        f"revision exact {c['revision_exact']:.2f}")  # fmt: skip
+                msg += (
+                    f"  2nd showing {c['second_showing_loss']:.2f} (1st "
+                    f"{c['first_showing_loss']:.2f})  copy {c['copy_score']:.2f}  "
+                    f"revision exact {c['revision_exact']:.2f}"
+                )
             tqdm.write(msg)
         log.append(entry)
         log_file.write(json.dumps(entry) + "\n")

@@ -30,8 +30,9 @@ def medusa_loss(heads: MedusaHeads, teacher: Teacher):
         for i in range(1, heads.num_heads + 1):
             head_logits = teacher.head(z[:, :-i, i - 1])  # [B, T-i, V] guesses token t+1+i
             target = p[:, i:]  # the target's distribution for that token
-            total = total + 0.8 ** (i - 1) * soft_ce(head_logits.flatten(0, 1),
-                                                     target.flatten(0, 1))  # fmt: skip
+            total = total + 0.8 ** (i - 1) * soft_ce(
+                head_logits.flatten(0, 1), target.flatten(0, 1)
+            )
             hit = head_logits.argmax(-1) == target.argmax(-1)
             metrics[f"acc{i}"] = float(hit.float().mean())
         return total, metrics
@@ -40,8 +41,9 @@ def medusa_loss(heads: MedusaHeads, teacher: Teacher):
 
 
 @torch.no_grad()
-def measure(heads: MedusaHeads, teacher: Teacher, tokens: np.ndarray, windows: int = 16,
-            context: int = 256) -> list[list[float]]:  # fmt: skip
+def measure(
+    heads: MedusaHeads, teacher: Teacher, tokens: np.ndarray, windows: int = 16, context: int = 256
+) -> list[list[float]]:
     """accuracy[i][r]: share of held-out positions where head i+1's rank-r token is the
     target's greedy token."""
     context = min(context, len(tokens) - 2)
@@ -59,18 +61,39 @@ def measure(heads: MedusaHeads, teacher: Teacher, tokens: np.ndarray, windows: i
     return (hits / total[:, None]).tolist()
 
 
-def train_medusa(teacher: Teacher, train_tokens, val_tokens, *, num_heads: int, steps: int,
-                 batch: int, context: int, lr: float, run_dir: str, seed: int = 0,
-                 stamp: dict | None = None):  # fmt: skip
+def train_medusa(
+    teacher: Teacher,
+    train_tokens,
+    val_tokens,
+    *,
+    num_heads: int,
+    steps: int,
+    batch: int,
+    context: int,
+    lr: float,
+    run_dir: str,
+    seed: int = 0,
+    stamp: dict | None = None,
+):
     """Returns (trained heads with accuracies and tree, training summary)."""
     from .teacher import fit
 
     torch.manual_seed(seed)
     heads = MedusaHeads(num_heads, teacher.hidden)
     stamp = {**(stamp or {}), "kind": "medusa", "heads": num_heads}
-    summary = fit(heads, medusa_loss(heads, teacher), train_tokens, steps=steps, batch=batch,
-                  context=context, lr=lr, run_dir=run_dir, desc="medusa", seed=seed,
-                  stamp=stamp)  # fmt: skip
+    summary = fit(
+        heads,
+        medusa_loss(heads, teacher),
+        train_tokens,
+        steps=steps,
+        batch=batch,
+        context=context,
+        lr=lr,
+        run_dir=run_dir,
+        desc="medusa",
+        seed=seed,
+        stamp=stamp,
+    )
     heads.accuracy = measure(heads, teacher, val_tokens)
     heads.tree = build_tree(heads.accuracy)
     return heads, summary

@@ -79,8 +79,13 @@ def load_or_build_revisions(tokenizer, root: str, files, seed: int, cache_dir: s
 class Batches:
     """batch_at(step, batch, context) -> [batch, context + 1] int64 rows."""
 
-    def __init__(self, plain: np.ndarray, mix: Mix = Mix(), seed: int = 0,
-                 revisions: tuple[np.ndarray, np.ndarray] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        plain: np.ndarray,
+        mix: Mix = Mix(),
+        seed: int = 0,
+        revisions: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
         if mix.edit_share > 0 and (revisions is None or len(revisions[1]) == 0):
             raise ValueError("a revision share needs revision documents")
         self.plain, self.mix, self.seed = plain, mix, seed
@@ -98,8 +103,12 @@ class Batches:
         between = int(rng.integers(0, free - before + 1))
         tail = free - before - between
         s = int(rng.integers(0, len(self.plain) - span - tail))
-        parts = [self._window(rng, before), self.plain[s : s + span],
-                 self._window(rng, between), self.plain[s : s + span + tail]]  # fmt: skip
+        parts = [
+            self._window(rng, before),
+            self.plain[s : s + span],
+            self._window(rng, between),
+            self.plain[s : s + span + tail],
+        ]
         return np.concatenate(parts)
 
     def _revision(self, rng, n: int) -> np.ndarray:

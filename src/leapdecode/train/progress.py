@@ -33,8 +33,11 @@ def read_runs(run_dirs: list[str]) -> list[dict]:
     out, offset = [], 0
     for i, run_dir in enumerate(run_dirs):
         log = read_log(run_dir)
-        out += [{**e, "run": i, "tokens_seen": e["tokens_seen"] + offset}
-                for e in log if "val_loss" in e and "copy" in e]  # fmt: skip
+        out += [
+            {**e, "run": i, "tokens_seen": e["tokens_seen"] + offset}
+            for e in log
+            if "val_loss" in e and "copy" in e
+        ]
         offset += max((e["tokens_seen"] for e in log), default=0)
     return out
 
@@ -71,23 +74,36 @@ def write(run_dirs: list[str], out_dir: str) -> str:
                 ax.axvline(e1["tokens_seen"] / 1e6, color="black", lw=0.8, ls="--")
             elif e1.get("context") != e0.get("context"):
                 ax.axvline(e1["tokens_seen"] / 1e6, color="grey", lw=0.8, ls=":")
-    fig.suptitle("Target training: copying emerges (dotted: context / batch stage changes; "
-                 "dashed: the next run, from the last one's model)", fontsize=10)  # fmt: skip
+    fig.suptitle(
+        "Target training: copying emerges (dotted: context / batch stage changes; "
+        "dashed: the next run, from the last one's model)",
+        fontsize=10,
+    )
     fig.tight_layout()
     png = os.path.join(out_dir, "copy_signals.png")
     fig.savefig(png, dpi=120)
     plt.close(fig)
-    lines = ["# Target training: loss and copy signals against tokens seen", "",
-             "Teacher-forced on held-out text (`src/leapdecode/train/signals.py`). Runs, in "
-             "order: " + ", ".join(f"{i} `{os.path.basename(os.path.normpath(d))}`"
-                                   for i, d in enumerate(run_dirs)) + ".", "",
-             "| run | step | tokens seen | context x batch | val loss | span 1st | span 2nd "
-             "| copy score | revision exact |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "# Target training: loss and copy signals against tokens seen",
+        "",
+        "Teacher-forced on held-out text (`src/leapdecode/train/signals.py`). Runs, in "
+        "order: "
+        + ", ".join(
+            f"{i} `{os.path.basename(os.path.normpath(d))}`" for i, d in enumerate(run_dirs)
+        )
+        + ".",
+        "",
+        "| run | step | tokens seen | context x batch | val loss | span 1st | span 2nd "
+        "| copy score | revision exact |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for e, x in zip(evals, c, strict=True):
-        lines.append(f"| {e['run']} | {e['step']} | {e['tokens_seen'] / 1e6:.2f} M | {e.get('context')} x "
-                     f"{e.get('batch')} | {e['val_loss']:.3f} | {x['first_showing_loss']:.2f} "
-                     f"| {x['second_showing_loss']:.2f} | {x['copy_score']:.3f} "
-                     f"| {x['revision_exact']:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {e['run']} | {e['step']} | {e['tokens_seen'] / 1e6:.2f} M | {e.get('context')} x "
+            f"{e.get('batch')} | {e['val_loss']:.3f} | {x['first_showing_loss']:.2f} "
+            f"| {x['second_showing_loss']:.2f} | {x['copy_score']:.3f} "
+            f"| {x['revision_exact']:.2f} |"
+        )
     lines += ["", "![copy signals](copy_signals.png)", ""]
     with open(os.path.join(out_dir, "copy_signals.md"), "w") as f:
         f.write("\n".join(lines))

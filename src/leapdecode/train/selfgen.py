@@ -24,9 +24,17 @@ from ..errors import LeapDecodeError
 
 
 def generate_stream(
-    target: str, corpus_tokens: np.ndarray, out: str, samples: int, prefix_tokens: int,
-    new_tokens: int, batch: int, seed: int, eos: int, dtype: str = "auto",
-) -> np.ndarray:  # fmt: skip
+    target: str,
+    corpus_tokens: np.ndarray,
+    out: str,
+    samples: int,
+    prefix_tokens: int,
+    new_tokens: int,
+    batch: int,
+    seed: int,
+    eos: int,
+    dtype: str = "auto",
+) -> np.ndarray:
     from ..api import LeapDecoder
 
     if samples < 1 or prefix_tokens < 1 or new_tokens < 1 or batch < 1:

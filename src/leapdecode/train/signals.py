@@ -26,8 +26,17 @@ from . import corpus
 
 
 class CopyProbe:
-    def __init__(self, tokenizer, root: str, files, val_tokens: np.ndarray, n: int = 24,
-                 span: int = 100, max_rest: int = 192, seed: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tokenizer,
+        root: str,
+        files,
+        val_tokens: np.ndarray,
+        n: int = 24,
+        span: int = 100,
+        max_rest: int = 192,
+        seed: int = 0,
+    ) -> None:
         rng = random.Random(seed)
         eos = tokenizer.eos_token_id
         self.spans = []

@@ -35,8 +35,16 @@ def parse_candidates(text: str) -> list[dict]:
             raise LeapDecodeError(f"--candidates entry {part!r}: hidden must be a multiple of 32")
         heads = hidden // 64 if hidden % 64 == 0 else hidden // 32
         inter = int(round(hidden * 8 / 3 / 16)) * 16
-        out.append({"name": f"{hidden}x{layers}", "hidden": hidden, "layers": layers,
-                    "heads": heads, "kv_heads": heads, "intermediate": inter})  # fmt: skip
+        out.append(
+            {
+                "name": f"{hidden}x{layers}",
+                "hidden": hidden,
+                "layers": layers,
+                "heads": heads,
+                "kv_heads": heads,
+                "intermediate": inter,
+            }
+        )
     return out
 
 
@@ -80,10 +88,16 @@ def _draft_models(run_dir: str, vocab: int) -> dict[str, str]:
         path = os.path.join(run_dir, f"draft1x{d}")
         if not os.path.isfile(os.path.join(path, "config.json")):
             heads = d // 64
-            cfg = LlamaConfig(vocab_size=vocab, hidden_size=d, num_hidden_layers=1,
-                              num_attention_heads=heads, num_key_value_heads=heads,
-                              intermediate_size=int(round(d * 8 / 3 / 16)) * 16,
-                              max_position_embeddings=1024, tie_word_embeddings=True)  # fmt: skip
+            cfg = LlamaConfig(
+                vocab_size=vocab,
+                hidden_size=d,
+                num_hidden_layers=1,
+                num_attention_heads=heads,
+                num_key_value_heads=heads,
+                intermediate_size=int(round(d * 8 / 3 / 16)) * 16,
+                max_position_embeddings=1024,
+                tie_word_embeddings=True,
+            )
             LlamaForCausalLM(cfg).save_pretrained(path)
         paths[f"draft 1x{d}"] = path
     return paths
@@ -139,10 +153,17 @@ def run(args) -> int:
     eligible = [r for r in results if r["qualifies"]] or results
     pick = min(eligible, key=lambda r: r["extrapolated_loss"])
     os.makedirs(args.report, exist_ok=True)
-    report = {"minutes_each": args.minutes, "budget_hours": args.budget_hours,
-              "decode_ms": ms, "pick": pick["name"], "candidates": results,
-              "schedule": args.schedule, "repeat_share": args.repeat_share,
-              "edit_share": args.edit_share, "lr": args.lr}  # fmt: skip
+    report = {
+        "minutes_each": args.minutes,
+        "budget_hours": args.budget_hours,
+        "decode_ms": ms,
+        "pick": pick["name"],
+        "candidates": results,
+        "schedule": args.schedule,
+        "repeat_share": args.repeat_share,
+        "edit_share": args.edit_share,
+        "lr": args.lr,
+    }
     with open(os.path.join(args.report, "sizing.json"), "w") as f:
         json.dump(report, f, indent=1)
     _write_table(report, drafts, os.path.join(args.report, "sizing.md"))
@@ -178,8 +199,13 @@ def _write_table(report: dict, drafts: dict, path: str) -> None:
             f"| {f['a']:.2f}, {f['b']:.2f}, {f['c']:.2f} | {r['extrapolated_loss']:.3f} "
             f"| {r['decode_ms']:.2f} | {r['draft_cost']:.3f} | {'yes' if r['qualifies'] else 'no'} |"
         )
-    lines += ["", "Drafts: " + ", ".join(f"{n} {report['decode_ms'][n]:.2f} ms" for n in drafts),
-              "", "![loss against training time](sizing.png)", ""]  # fmt: skip
+    lines += [
+        "",
+        "Drafts: " + ", ".join(f"{n} {report['decode_ms'][n]:.2f} ms" for n in drafts),
+        "",
+        "![loss against training time](sizing.png)",
+        "",
+    ]
     with open(path, "w") as f:
         f.write("\n".join(lines))
 
@@ -214,11 +240,18 @@ def add_parser(what, data_args, loop_args) -> None:
     sz = what.add_parser("sizing", help="train candidate target shapes briefly and pick one")
     data_args(sz)
     sz.add_argument("--tokenizer", required=True)
-    sz.add_argument("--candidates", default="192x12,256x12,160x16,256x8",
-                    help="HIDDENxLAYERS,... (head dim 64, MLP 8/3 x hidden)")  # fmt: skip
+    sz.add_argument(
+        "--candidates",
+        default="192x12,256x12,160x16,256x8",
+        help="HIDDENxLAYERS,... (head dim 64, MLP 8/3 x hidden)",
+    )
     sz.add_argument("--minutes", type=float, default=8.0, help="training time per candidate")
-    sz.add_argument("--budget-hours", type=float, default=4.0,
-                    help="main run's training time, for the extrapolation")  # fmt: skip
+    sz.add_argument(
+        "--budget-hours",
+        type=float,
+        default=4.0,
+        help="main run's training time, for the extrapolation",
+    )
     sz.add_argument("--run-dir", required=True, help="one checkpoint folder per candidate here")
     sz.add_argument("--report", default="docs/sizing", help="where the table and plot go")
     sz.add_argument("--context", type=int, default=1024)

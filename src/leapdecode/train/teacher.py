@@ -82,9 +82,22 @@ def fingerprint(target: str, **settings) -> dict:
     return {"target": digest.hexdigest()[:16], **settings}
 
 
-def fit(module: torch.nn.Module, loss_step: Callable, tokens: np.ndarray, *, steps: int,
-        batch: int, context: int, lr: float, run_dir: str, desc: str, seed: int = 0,
-        checkpoint_every: int = 25, log_every: int = 25, stamp: dict | None = None) -> dict:  # fmt: skip
+def fit(
+    module: torch.nn.Module,
+    loss_step: Callable,
+    tokens: np.ndarray,
+    *,
+    steps: int,
+    batch: int,
+    context: int,
+    lr: float,
+    run_dir: str,
+    desc: str,
+    seed: int = 0,
+    checkpoint_every: int = 25,
+    log_every: int = 25,
+    stamp: dict | None = None,
+) -> dict:
     """Train `module` in place: loss_step(batch [B, context + 1] long) -> (loss, {metric}).
     `stamp` (see `fingerprint`) is kept in the checkpoint; a run folder whose checkpoint
     has another stamp is refused rather than resumed."""
@@ -137,18 +150,34 @@ def fit(module: torch.nn.Module, loss_step: Callable, tokens: np.ndarray, *, ste
         shown = {k: f"{v:.2f}" for k, v in list(metrics.items())[:3]}
         bar.set_postfix(loss=f"{loss:.3f}", **shown)
         if (step + 1) % log_every == 0:
-            tqdm.write(f"{desc} step {step + 1}: loss {loss:.3f} "
-                       + " ".join(f"{k} {v:.3f}" for k, v in metrics.items()))  # fmt: skip
+            tqdm.write(
+                f"{desc} step {step + 1}: loss {loss:.3f} "
+                + " ".join(f"{k} {v:.3f}" for k, v in metrics.items())
+            )
         if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
             tmp = ckpt + ".tmp"
-            torch.save({"model": module.state_dict(), "opt": opt.state_dict(),
-                        "step": step + 1, "log": log, "stamp": stamp}, tmp)  # fmt: skip
+            torch.save(
+                {
+                    "model": module.state_dict(),
+                    "opt": opt.state_dict(),
+                    "step": step + 1,
+                    "log": log,
+                    "stamp": stamp,
+                },
+                tmp,
+            )
             os.replace(tmp, ckpt)
     log_file.close()
     module.eval()
-    return {"steps": steps, "batch": batch, "context": context, "lr": lr,
-            "tokens_seen": steps * batch * context, "train_seconds": round(elapsed, 1),
-            "final_loss": log[-1]["loss"] if log else None}  # fmt: skip
+    return {
+        "steps": steps,
+        "batch": batch,
+        "context": context,
+        "lr": lr,
+        "tokens_seen": steps * batch * context,
+        "train_seconds": round(elapsed, 1),
+        "final_loss": log[-1]["loss"] if log else None,
+    }
 
 
 def soft_ce(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:

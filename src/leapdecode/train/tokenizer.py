@@ -12,8 +12,13 @@ from . import corpus
 EOS = "<|endoftext|>"
 
 
-def train_tokenizer(root: str | None, out_dir: str, vocab_size: int = 8192, extensions=(".py",),
-                    val_percent: float = 2.0) -> PreTrainedTokenizerFast:  # fmt: skip
+def train_tokenizer(
+    root: str | None,
+    out_dir: str,
+    vocab_size: int = 8192,
+    extensions=(".py",),
+    val_percent: float = 2.0,
+) -> PreTrainedTokenizerFast:
     root = root or corpus.stdlib_dir()
     files = corpus.scan(root, extensions, val_percent)
     train = [f for f in files if f.split == "train"]
@@ -28,9 +33,13 @@ def train_tokenizer(root: str | None, out_dir: str, vocab_size: int = 8192, exte
     )
     tok.train_from_iterator((corpus.read(root, f) for f in train), trainer, length=len(train))
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=EOS, bos_token=EOS, unk_token=None, pad_token=EOS,
+        tokenizer_object=tok,
+        eos_token=EOS,
+        bos_token=EOS,
+        unk_token=None,
+        pad_token=EOS,
         model_max_length=1 << 20,
-    )  # fmt: skip
+    )
     os.makedirs(out_dir, exist_ok=True)
     fast.save_pretrained(out_dir)
     corpus.save_manifest(root, files, out_dir)
