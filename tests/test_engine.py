@@ -215,7 +215,7 @@ def test_acceptance_is_estimated_by_draft_position():
     assert 0.3 < est.rates[1] < 0.7
     assert (est.rates[2:9] > 0.95).all()
     assert est.rates[9] == 0.5  # never tried: the prior
-    flat = _Estimate.flat(est.rate)
+    flat = _Estimate.flat(float(est.rates[1]))
     assert est.gains(8)[-1] > 2 * flat.gains(8)[-1]
 
 
@@ -355,12 +355,27 @@ def test_prefill_groups_prompts_of_like_length():
 @pytest.mark.parametrize("batches,draft", [((1,), (0.5,)), ((1, 2, 4, 8, 16), (1, 1.2, 1.5, 2.5, 4)),
                                            ((2, 4, 6), (1, 2, 3.5))])  # fmt: skip
 def test_the_draft_cost_curve_is_draft_s_at_every_batch_size(batches, draft):
-    """auto prices every number of draft rows at once; the curve is draft_s's arithmetic,
-    below, between and past the profiled batch sizes."""
+    """auto prices every number of draft rows at once: linear between the profiled batch
+    sizes, extrapolated below and past them, and draft_s is the curve at one size."""
     cost = CostModel(batches, (1, 2), [(1.0, 2.0)] * len(batches), draft)
     cost.draft_scale = 1.3
-    assert cost.draft_curve(0, 24).tolist() == [cost.draft_s(b) for b in range(25)]
-    assert cost.draft_curve(3, 9).tolist() == [cost.draft_s(b) for b in range(3, 10)]
+
+    def expected(b):  # linear between the profiled sizes and past the last; 0 rows cost 0
+        if b == 0:
+            return 0.0
+        if len(batches) == 1:
+            return 1.3 * draft[0] * b / batches[0]
+        if b >= batches[-1]:
+            slope = (draft[-1] - draft[-2]) / (batches[-1] - batches[-2])
+            return 1.3 * (draft[-1] + slope * (b - batches[-1]))
+        if b <= batches[0]:  # below the first size: the first segment's line
+            slope = (draft[1] - draft[0]) / (batches[1] - batches[0])
+            return 1.3 * (draft[0] + slope * (b - batches[0]))
+        return 1.3 * float(np.interp(b, batches, draft))
+
+    assert cost.draft_curve(0, 24) == pytest.approx([expected(b) for b in range(25)])
+    assert cost.draft_curve(3, 9) == pytest.approx([expected(b) for b in range(3, 10)])
+    assert [cost.draft_s(b) for b in range(25)] == pytest.approx(cost.draft_curve(0, 24))
 
 
 def test_auto_alone_scores_every_plan_the_batch_search_does(decoder, prompts):

@@ -17,34 +17,17 @@ __all__ = ["SamplingParams", "process_logits", "process_rows", "sample_from"]
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Turn raw logits [..., V] into the sampling distribution [..., V] (float32).
-
-    Greedy params give a one-hot distribution on the argmax.
-    """
-    logits = logits.float()
-    if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
-    vocab = logits.shape[-1]
-    if 0 < params.top_k < vocab:
-        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
-        logits = logits.masked_fill(logits < kth, -math.inf)
-    if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        sorted_probs = sorted_logits.softmax(-1)
-        # Drop a token when the mass of the tokens ranked above it already reaches top_p;
-        # the first token always stays.
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs
-        drop_sorted = mass_before >= params.top_p
-        drop_sorted[..., 0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, -math.inf)
-    return logits.softmax(-1)
+    """Turn raw logits [..., V] into the sampling distribution [..., V] (float32): temperature,
+    top-k, then top-p (a token is dropped once the mass ranked above it reaches top_p; the
+    first always stays). Greedy params give a one-hot distribution on the argmax. One row of
+    `process_rows`, which does it for a batch of rows with their own params."""
+    shape = logits.shape
+    return process_rows(logits.reshape(1, -1, shape[-1]), [params]).reshape(shape)
 
 
 def process_rows(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """`process_logits` for a mixed batch in one pass: logits [B, T, V], one SamplingParams
-    per row (greedy rows become one-hot). Row b equals process_logits(logits[b], params[b])."""
+    """The sampling distributions of a mixed batch in one pass: logits [B, T, V], one
+    SamplingParams per row (see `process_logits`; greedy rows become one-hot)."""
     logits = logits.float()
     batch, _, vocab = logits.shape
     dev = logits.device

@@ -176,41 +176,40 @@ class CostModel:
         w = (context - c[i]) / (c[i + 1] - c[i])
         return tables[i] * (1 - w) + tables[i + 1] * w
 
-    def _table_s(self, batch: int, per_seq: float, context: float | None) -> float:
-        """The profiled table at (batch, per_seq new tokens, context), uncorrected."""
+    def _table_at(self, batch: int, per_seq: np.ndarray, context: float | None) -> np.ndarray:
+        """The profiled table at `batch` sequences and each per_seq new tokens over `context`,
+        uncorrected: linear in per_seq between the grid's T, and past the last."""
         by_new = self._by_new(batch, context)  # [len(news)]
         n = self.news
-        if per_seq >= n[-1]:  # past the grid: linear in the rows
-            slope = (by_new[-1] - by_new[-2]) / (n[-1] - n[-2])
-            return float(by_new[-1] + slope * (per_seq - n[-1]))
-        return float(np.interp(per_seq, n, by_new))
+        slope = (by_new[-1] - by_new[-2]) / (n[-1] - n[-2])
+        inside = np.interp(per_seq, n, by_new)
+        return np.where(per_seq >= n[-1], by_new[-1] + slope * (per_seq - n[-1]), inside)
+
+    def _table_s(self, batch: int, per_seq: float, context: float | None) -> float:
+        return float(self._table_at(batch, np.asarray(per_seq, dtype=float), context))
+
+    def _verify_at(self, batch: int, rows: np.ndarray, context: float | None) -> np.ndarray:
+        """verify_s at each of `rows` (new tokens in all): the table, corrected by the learnt
+        level of this batch size and the shape left over."""
+        per_seq = np.maximum(1.0, rows / max(1, batch))
+        shape = np.interp(per_seq, self.news, self._shape_by_new(batch))  # clamped
+        return self._level(batch) * shape * self._table_at(batch, per_seq, context)
 
     def verify_s(self, batch: int, rows: float, context: float | None = None) -> float:
         """One verify forward: `batch` sequences, `rows` new tokens in all, over cached
         prefixes of up to `context` tokens."""
-        per_seq = max(1.0, rows / max(1, batch))
-        shape = float(np.interp(per_seq, self.news, self._shape_by_new(batch)))  # clamped
-        return self._level(batch) * shape * self._table_s(batch, per_seq, context)
+        return float(self._verify_at(batch, np.asarray(rows, dtype=float), context))
 
     def verify_curve(self, batch: int, max_rows: int, context: float | None = None) -> np.ndarray:
         """[max_rows + 1] verify_s(batch, R, context) for R = 0 .. max_rows, in one pass."""
-        per_seq = np.maximum(1.0, np.arange(max_rows + 1) / max(1, batch))
-        by_new = self._by_new(batch, context)  # [len(news)]
-        n = self.news
-        slope = (by_new[-1] - by_new[-2]) / (n[-1] - n[-2])
-        t = np.where(
-            per_seq >= n[-1], by_new[-1] + slope * (per_seq - n[-1]), np.interp(per_seq, n, by_new)
-        )
-        return self._level(batch) * np.interp(per_seq, n, self._shape_by_new(batch)) * t
+        return self._verify_at(batch, np.arange(max_rows + 1, dtype=float), context)
 
     def catch_up_s(self, tokens: int | np.ndarray) -> float | np.ndarray:
         """The draft model feeding `tokens` tokens it has not seen yet."""
         return self.draft_scale * self.draft_token_s * tokens
 
     def draft_s(self, batch: int) -> float:
-        if batch == 0:
-            return 0.0
-        return self.draft_scale * float(self._interp_batch(self.draft, batch))
+        return float(self.draft_curve(batch, batch)[0])
 
     def draft_curve(self, lo: int, hi: int) -> np.ndarray:
         """[hi - lo + 1] draft_s(B) for B = lo .. hi, in one pass."""

@@ -34,7 +34,7 @@ PRIOR = {"draft": 0.6, "ngram": 0.5, "suffix": 0.5, "medusa": 0.5, "eagle": 0.6}
 # which a request allows)
 AUTO_METHODS = AUTO_CHOICES
 DRAFT = AUTO_METHODS.index("draft")
-HEADS = (AUTO_METHODS.index("medusa"), AUTO_METHODS.index("eagle"))
+HEAD_INDICES = (AUTO_METHODS.index("medusa"), AUTO_METHODS.index("eagle"))  # on the method axis
 CHAINS = ("ngram", "suffix", "draft")  # methods whose drafts are chains (auto's; fixed rows')
 # the prices of a draft token (in emitted tokens) whose plans `_packed` scores
 PRICES = np.concatenate([[0.0], np.geomspace(0.02, 1.0, 23)])
@@ -131,10 +131,6 @@ class _Estimate:
         """[upto] expected accepted drafts with k = 1..upto drafts (E(k) - 1)."""
         return np.cumsum(np.cumprod(self.rates[1 : upto + 1]))
 
-    @property
-    def rate(self) -> float:  # the first position's (for reports)
-        return float(self.rates[1])
-
 
 class Scheduler:
     def __init__(
@@ -154,7 +150,6 @@ class Scheduler:
         self.global_rate: dict[tuple[str, int], _Estimate] = {}
         # seq id -> {method: the bucket of the draft it was offered at its last plan}
         self.buckets: dict[int, dict[str, int]] = {}
-        self.k_counts: dict[int, int] = {}  # histogram of chosen k (for metrics)
         self.catch_up = 0  # tokens the draft model feeds before this step's drafts
         self.draft_share = DRAFT_SHARE_PRIOR  # of fed auto rows' steps, those with draft
         # seq id -> (its length when planned, {free method: (the chain it offered, bucket)})
@@ -228,7 +223,6 @@ class Scheduler:
                 self._global(method, bucket).update(
                     spans[i], n_accepted[i], GLOBAL_EMA, GLOBAL_PSEUDO
                 )
-            self.k_counts[counts[i]] = self.k_counts.get(counts[i], 0) + 1
             self._shadow_outcomes(seqs[i], method if spans[i] else None)
         if self.cost is not None:
             steps = max((counts[i] for i in draft_rows), default=0)
@@ -506,7 +500,7 @@ class Scheduler:
         best_g, best_plan = -1.0, (np.zeros(a, dtype=np.int64), np.zeros(a, dtype=np.int64))
         # the heads' proposals cost real time once any row takes them: each plan is scored
         # with every subset of the offered heads switched on
-        offered = [h for h in HEADS if top and np.isfinite(gain[:, h, 1:]).any()]
+        offered = [h for h in HEAD_INDICES if top and np.isfinite(gain[:, h, 1:]).any()]
         for mask in range(1 << len(offered)):
             value = base
             if offered:
@@ -583,7 +577,7 @@ class Scheduler:
         depth, as in the caps' search) is scored exactly; returns (goodput, (m, k))."""
         methods = AUTO_METHODS
         chain = gain.copy()  # [A, method, K+1]; heads' trees are not chains
-        chain[:, list(HEADS), 1:] = -np.inf
+        chain[:, list(HEAD_INDICES), 1:] = -np.inf
         with np.errstate(invalid="ignore"):  # -inf - -inf past a row's most
             marg = np.diff(chain, axis=2)  # [A, method, K] what each next draft adds
         marg = np.where(np.isfinite(marg), marg, -np.inf)
