@@ -11,7 +11,7 @@ import torch
 from .config import MAX_K, METHODS, SEED_MAX, SamplingParams
 from .engine import Engine
 from .errors import LeapDecodeError
-from .frontend import Frontend, GenerationResult, load_tokenizer
+from .frontend import Frontend, GenerationResult, TextStream, load_tokenizer
 from .models import CausalLM, load_model
 from .models.heads import beside, load_found, load_heads
 from .proposers.draft_model import read_vocab_ranking
@@ -249,20 +249,14 @@ class LeapDecoder:
     def stream(self, prompt: str | list[int], **options) -> Iterator[str]:
         """Yield text pieces as tokens are accepted; they join to `generate(...).text`."""
         seq = self.request(prompt, **options)
-        sent = ""
-        # Hold back anything that may still become a stop string, and a partial character.
-        hold = max((len(x) for x in seq.stop_strings), default=0)
+        text = TextStream(seq, self.decode, self.result)
         for _ in self._run([seq]):
             if seq.finished:
                 break
-            text = self.decode(seq.output)
-            ready = (text[: len(text) - hold] if hold else text).rstrip("\ufffd")
-            if len(ready) > len(sent) and ready.startswith(sent):
-                yield ready[len(sent) :]
-                sent = ready
-        final = self.result(seq).text
-        if len(final) > len(sent) and final.startswith(sent):
-            yield final[len(sent) :]
+            if piece := text.piece():
+                yield piece
+        if rest := text.rest():
+            yield rest
 
 
 def _check_same_vocab(target: str, target_tok, draft: str) -> None:

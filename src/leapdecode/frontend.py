@@ -195,3 +195,27 @@ class Frontend:
             if cuts:
                 text = text[: min(cuts)]
         return GenerationResult(text, s.output, s.finish_reason or "length", s.stats)
+
+
+class TextStream:
+    """A running sequence's text, piece by piece, as a stream sends it: `piece()` what is safe
+    to send now (anything that may still become a stop string is held back, and so is a
+    partial character), `rest()` what is left once the sequence finished. `decode` is what
+    decodes its tokens and `result` its final GenerationResult (a Frontend's, a LeapDecoder's)."""
+
+    def __init__(self, seq: Sequence, decode, result) -> None:
+        self.seq, self.decode, self.result = seq, decode, result
+        self.sent = ""
+        self.hold = max((len(x) for x in seq.stop_strings), default=0)
+
+    def piece(self) -> str:
+        text = self.decode(self.seq.output)
+        ready = (text[: len(text) - self.hold] if self.hold else text).rstrip("\ufffd")
+        if len(ready) > len(self.sent) and ready.startswith(self.sent):
+            out, self.sent = ready[len(self.sent) :], ready
+            return out
+        return ""
+
+    def rest(self) -> str:
+        final = self.result(self.seq).text
+        return final[len(self.sent) :] if final.startswith(self.sent) else ""

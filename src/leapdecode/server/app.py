@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import SpecConfig
 from ..errors import LeapDecodeError
-from ..frontend import Frontend
+from ..frontend import Frontend, TextStream
 from . import protocol
 from .protocol import APIError, GenerationRequest
 from .worker import EngineClient, EngineGone, QueueFull
@@ -330,8 +330,7 @@ def create_app(
             return f"data: {json.dumps(body)}\n\n"
 
         watch = ClientWatch(request, events)
-        sent = ""
-        hold = max((len(x) for x in seq.stop_strings), default=0)
+        text = TextStream(seq, frontend.decode, frontend.result)
         done = False
         try:
             if kind != "text_completion":
@@ -347,15 +346,10 @@ def create_app(
                     return
                 if ev.finished:
                     break
-                text = frontend.decode(seq.output)
-                ready = (text[: len(text) - hold] if hold else text).rstrip("\ufffd")
-                if len(ready) > len(sent) and ready.startswith(sent):
-                    yield chunk(ready[len(sent) :], None)
-                    sent = ready
-            final = frontend.result(seq).text
-            piece = final[len(sent) :] if final.startswith(sent) else ""
+                if piece := text.piece():
+                    yield chunk(piece, None)
             finish = "stop" if seq.finish_reason == "stop" else "length"
-            yield chunk(piece, finish, _usage(seq) if req.include_usage else None)
+            yield chunk(text.rest(), finish, _usage(seq) if req.include_usage else None)
             yield "data: [DONE]\n\n"
             done = True
         finally:
