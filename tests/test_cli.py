@@ -218,12 +218,21 @@ def test_auto_checks_every_option_before_profiling(capsys, target_dir):
     assert "profiling" not in err  # refused before the cost model's profile
 
 
-def test_flag_names_leave_paths_alone():
-    from leapdecode.cli import _flag_names
+def test_an_errors_field_is_named_as_its_flag_and_paths_are_left_alone():
+    """The CLI names the field an error carries as its flag (a table, not the text's words):
+    in place, or after the message; a path or a longer name holding it stays as it is."""
+    from leapdecode import LeapDecodeError
+    from leapdecode.cli import _flagged
 
-    assert _flag_names("draft_min_prob must be") == "--draft-min-prob must be"
+    assert _flagged(LeapDecodeError("draft_min_prob must be", field="draft_min_prob")) == (
+        "--draft-min-prob must be"
+    )
+    assert _flagged(LeapDecodeError("lookahead needs W 1..32", field="lookahead_window")) == (
+        "lookahead needs W 1..32 (--lookahead-window)"
+    )
     msg = "cannot read prompts file '/tmp/max_new_tokens.jsonl' (run draft_min_prob-run)"
-    assert _flag_names(msg) == msg
+    assert _flagged(LeapDecodeError(msg)) == msg
+    assert _flagged(LeapDecodeError(msg, field="max_new_tokens")) == msg + " (--max-new-tokens)"
 
 
 def test_demo_on_the_embedded_models_gives_the_same_output_for_every_method(capsys):

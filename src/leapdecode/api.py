@@ -67,7 +67,9 @@ class LeapDecoder:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-            raise LeapDecodeError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+            raise LeapDecodeError(
+                f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}", field="max_num_seqs"
+            )
         self.max_num_seqs = max_num_seqs
         if draft is not None:
             self._configure_draft_head(draft_vocab)
@@ -176,7 +178,9 @@ class LeapDecoder:
         ranking = self.draft_vocab_ranking
         n = (ranking or {}).get("recommended", 0) if draft_vocab is None else draft_vocab
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise LeapDecodeError(f"draft_vocab must be an integer >= 0, got {n!r}")
+            raise LeapDecodeError(
+                f"draft_vocab must be an integer >= 0, got {n!r}", field="draft_vocab"
+            )
         if n and ranking is None:
             raise LeapDecodeError(
                 "draft_vocab needs a token ranking (draft_vocab.json) in the draft folder: "

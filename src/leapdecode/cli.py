@@ -51,14 +51,15 @@ FLAG_NAMES = {
 }
 
 
-def _flag_names(message: str) -> str:
-    """An error message with the API's field names as the CLI's flags."""
-    # whole names only, not inside a path or a longer name ("/tmp/max_new_tokens.jsonl")
-    return re.sub(
-        r"(?<![\w/.-])(" + "|".join(sorted(FLAG_NAMES, key=len, reverse=True)) + r")(?![\w/.-])",
-        lambda m: FLAG_NAMES[m.group(1)],
-        message,
-    )
+def _flagged(e: LeapDecodeError) -> str:
+    """The error's message with its field (e.field) named as the CLI's flag: in place where
+    the message names it (a whole word: not inside a path or a longer name), else after it."""
+    message = str(e)
+    flag = FLAG_NAMES.get(e.field or "")
+    if flag is None:
+        return message
+    named = re.sub(r"(?<![\w/.-])" + re.escape(e.field) + r"(?![\w/.-])", flag, message)
+    return named if named != message else f"{message} ({flag})"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -349,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         # generate, serve and demo take the SpecConfig fields as FLAG_NAMES' flags (bench run has
         # its own sweep flags, train its own: their messages stay as raised)
         flags = args.command in ("generate", "serve", "demo")
-        message = _flag_names(str(e)) if flags else str(e)
+        message = _flagged(e) if flags else str(e)
         print(f"leapdecode: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

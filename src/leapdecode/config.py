@@ -39,19 +39,23 @@ class SamplingParams:
         t = self.temperature
         if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
             raise LeapDecodeError(
-                f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}"
+                f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}",
+                field="temperature",
             )
         if not _is_int(self.top_k) or self.top_k < 0 or self.top_k > MAX_TOP_K:
-            raise LeapDecodeError(f"top-k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+            raise LeapDecodeError(
+                f"top-k must be an integer >= 0 (0 = off), got {self.top_k!r}", field="top_k"
+            )
         p = self.top_p
         if not isinstance(p, int | float) or isinstance(p, bool) or math.isnan(p) or not 0 < p <= 1:
-            raise LeapDecodeError(f"top-p must be in (0, 1] (1 = off), got {p!r}")
+            raise LeapDecodeError(f"top-p must be in (0, 1] (1 = off), got {p!r}", field="top_p")
         if self.seed is not None and (
             not _is_int(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX
         ):
             raise LeapDecodeError(
                 f"seed must be an integer from {SEED_MIN} to {SEED_MAX} (what torch's "
-                f"generators take), got {self.seed!r}"
+                f"generators take), got {self.seed!r}",
+                field="seed",
             )
 
     @property
@@ -103,33 +107,42 @@ class SpecConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise LeapDecodeError(
-                f"unknown method {self.method!r}: use one of {', '.join(METHODS)}"
+                f"unknown method {self.method!r}: use one of {', '.join(METHODS)}", field="method"
             )
         k = self.num_speculative_tokens
         if not _is_int(k) or not 0 <= k <= MAX_K:
-            raise LeapDecodeError(f"k must be an integer in 0..{MAX_K}, got {k!r}")
+            raise LeapDecodeError(
+                f"k must be an integer in 0..{MAX_K}, got {k!r}", field="num_speculative_tokens"
+            )
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         if not (_is_int(lo) and _is_int(hi) and 1 <= lo <= hi <= 32):
             raise LeapDecodeError(
-                f"n-gram sizes must satisfy 1 <= min ({lo!r}) <= max ({hi!r}) <= 32"
+                f"n-gram sizes must satisfy 1 <= min ({lo!r}) <= max ({hi!r}) <= 32",
+                field="prompt_lookup_min",
             )
         if not isinstance(self.use_tree_spec, bool):
             raise LeapDecodeError(
-                f"use_tree_spec must be true or false, got {self.use_tree_spec!r}"
+                f"use_tree_spec must be true or false, got {self.use_tree_spec!r}",
+                field="use_tree_spec",
             )
         if not isinstance(self.suffix_decoding_char_match, bool):
             raise LeapDecodeError(
                 "suffix_decoding_char_match must be true or false, got "
-                f"{self.suffix_decoding_char_match!r}"
+                f"{self.suffix_decoding_char_match!r}",
+                field="suffix_decoding_char_match",
             )
         f = self.suffix_decoding_max_spec_factor
         if not isinstance(f, int | float) or isinstance(f, bool) or not 0 <= f <= MAX_K:
             raise LeapDecodeError(
-                f"suffix_decoding_max_spec_factor must be in [0, {MAX_K}], got {f!r}"
+                f"suffix_decoding_max_spec_factor must be in [0, {MAX_K}], got {f!r}",
+                field="suffix_decoding_max_spec_factor",
             )
         p = self.suffix_decoding_min_token_prob
         if not isinstance(p, int | float) or isinstance(p, bool) or not 0 <= p <= 1:
-            raise LeapDecodeError(f"suffix_decoding_min_token_prob must be in [0, 1], got {p!r}")
+            raise LeapDecodeError(
+                f"suffix_decoding_min_token_prob must be in [0, 1], got {p!r}",
+                field="suffix_decoding_min_token_prob",
+            )
         w, n, g = self.lookahead_window, self.lookahead_ngram_size, self.lookahead_max_candidates
         if not (
             _is_int(w)
@@ -141,32 +154,39 @@ class SpecConfig:
         ):
             raise LeapDecodeError(
                 f"lookahead needs window 1..32, n-gram size 3..16 and candidates 0..32 "
-                f"(got W={w!r}, N={n!r}, G={g!r})"
+                f"(got W={w!r}, N={n!r}, G={g!r})",
+                field="lookahead_window",
             )
         if self.lookahead_nodes > MAX_K:
             raise LeapDecodeError(
                 f"lookahead W={w}, N={n}, G={g} makes a tree of {self.lookahead_nodes} nodes "
-                f"per step, more than {MAX_K}: lower W, N or G"
+                f"per step, more than {MAX_K}: lower W, N or G",
+                field="lookahead_window",
             )
         steps, topk = self.speculative_num_steps, self.speculative_eagle_topk
         if not (_is_int(steps) and _is_int(topk) and 1 <= steps <= 16 and 1 <= topk <= 16):
             raise LeapDecodeError(
                 f"eagle's tree needs speculative_num_steps and speculative_eagle_topk in 1..16 "
-                f"(got {steps!r}, {topk!r})"
+                f"(got {steps!r}, {topk!r})",
+                field="speculative_num_steps",
             )
         m = self.draft_min_prob
         if not isinstance(m, int | float) or isinstance(m, bool) or not 0 <= m < 1:
-            raise LeapDecodeError(f"draft_min_prob must be in [0, 1), got {m!r}")
+            raise LeapDecodeError(
+                f"draft_min_prob must be in [0, 1), got {m!r}", field="draft_min_prob"
+            )
         table = self.num_speculative_tokens_per_batch_size
         try:
             table = tuple(sorted((int(b), int(t)) for b, t in table))
         except (TypeError, ValueError):
             raise LeapDecodeError(
-                "num_speculative_tokens_per_batch_size must be (batch size, k) pairs"
+                "num_speculative_tokens_per_batch_size must be (batch size, k) pairs",
+                field="num_speculative_tokens_per_batch_size",
             ) from None
         if any(b < 1 or not 0 <= t <= MAX_K for b, t in table):
             raise LeapDecodeError(
-                f"num_speculative_tokens_per_batch_size: batch sizes >= 1 and k in 0..{MAX_K}"
+                f"num_speculative_tokens_per_batch_size: batch sizes >= 1 and k in 0..{MAX_K}",
+                field="num_speculative_tokens_per_batch_size",
             )
         object.__setattr__(self, "num_speculative_tokens_per_batch_size", table)
         choices = self.auto_methods
@@ -177,7 +197,8 @@ class SpecConfig:
                 ", ".join(map(str, choices)) if isinstance(choices, list | tuple) else repr(choices)
             )
             raise LeapDecodeError(
-                f"auto_methods must be a list of {', '.join(AUTO_CHOICES)}, got {got}"
+                f"auto_methods must be a list of {', '.join(AUTO_CHOICES)}, got {got}",
+                field="auto_methods",
             )
         object.__setattr__(self, "auto_methods", tuple(dict.fromkeys(choices)))
 
@@ -229,7 +250,8 @@ def parse_k_table(text: str) -> tuple[tuple[int, int], ...]:
         pairs = tuple((int(b), int(k)) for b, k in (p.split(":") for p in text.split(",") if p))
     except ValueError:
         raise LeapDecodeError(
-            f"a batch-size -> k table looks like 1:4,4:2,8:0 (got {text!r})"
+            f"a batch-size -> k table looks like 1:4,4:2,8:0 (got {text!r})",
+            field="num_speculative_tokens_per_batch_size",
         ) from None
     return SpecConfig(
         num_speculative_tokens_per_batch_size=pairs

@@ -69,32 +69,38 @@ class Frontend:
             if self.tokenizer is None:
                 raise LeapDecodeError(
                     "the target folder has no tokenizer files (tokenizer.json): copy them into the model "
-                    "folder, or pass token ids instead of text (Python API)"
+                    "folder, or pass token ids instead of text (Python API)",
+                    field="prompt",
                 )
             if not prompt:
-                raise LeapDecodeError("the prompt is empty: give at least one character")
+                raise LeapDecodeError(
+                    "the prompt is empty: give at least one character", field="prompt"
+                )
             ids = self.tokenizer.encode(prompt, add_special_tokens=True)
         else:
             if hasattr(prompt, "tolist"):  # a tensor or an array of ids
                 prompt = prompt.tolist()
             if not isinstance(prompt, list | tuple | range):
                 raise LeapDecodeError(
-                    f"the prompt must be text (str) or a list of token ids, got {type(prompt).__name__}"
+                    f"the prompt must be text (str) or a list of token ids, got {type(prompt).__name__}",
+                    field="prompt",
                 )
             ids = list(prompt)
             if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-                raise LeapDecodeError("token ids must be integers")
+                raise LeapDecodeError("token ids must be integers", field="prompt")
             bad = [t for t in ids if not 0 <= t < self.vocab_size]
             if bad:
                 raise LeapDecodeError(
-                    f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})"
+                    f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})",
+                    field="prompt",
                 )
         if not ids:
-            raise LeapDecodeError("the prompt is empty: give at least one token")
+            raise LeapDecodeError("the prompt is empty: give at least one token", field="prompt")
         if len(ids) >= self.max_context:
             raise LeapDecodeError(
                 f"the prompt has {len(ids)} tokens but the model's context is "
-                f"{self.max_context}: shorten the prompt"
+                f"{self.max_context}: shorten the prompt",
+                field="prompt",
             )
         return ids
 
@@ -155,22 +161,30 @@ class Frontend:
             or isinstance(max_new_tokens, bool)
             or max_new_tokens < 1
         ):
-            raise LeapDecodeError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+            raise LeapDecodeError(
+                f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}",
+                field="max_new_tokens",
+            )
         stop_strings = (stop,) if isinstance(stop, str) else tuple(stop or ())
         if any(not isinstance(x, str) or not x for x in stop_strings):
-            raise LeapDecodeError("stop strings must be non-empty strings")
+            raise LeapDecodeError("stop strings must be non-empty strings", field="stop")
         if stop_strings and self.tokenizer is None:
-            raise LeapDecodeError("stop strings need a tokenizer in the target folder")
+            raise LeapDecodeError(
+                "stop strings need a tokenizer in the target folder", field="stop"
+            )
         bad = [t for t in stop_token_ids or () if not isinstance(t, int) or isinstance(t, bool)]
         if bad:
-            raise LeapDecodeError(f"stop_token_ids must be integers, got {bad[0]!r}")
+            raise LeapDecodeError(
+                f"stop_token_ids must be integers, got {bad[0]!r}", field="stop_token_ids"
+            )
         ids = self.encode(prompt)
         room = self.max_context - len(ids)
         if max_new_tokens > room:
             raise LeapDecodeError(
                 f"max_new_tokens {max_new_tokens} does not fit: the prompt has {len(ids)} tokens "
                 f"and the model's context is {self.max_context}, so at most {room} new "
-                "tokens fit; lower max_new_tokens or shorten the prompt"
+                "tokens fit; lower max_new_tokens or shorten the prompt",
+                field="max_new_tokens",
             )
         gen_seed = seed if seed is not None else random.randrange(2**62)
         return Sequence(

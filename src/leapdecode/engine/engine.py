@@ -122,7 +122,7 @@ class Engine:
         eagle=None,
     ) -> None:
         if max_num_seqs < 1:
-            raise LeapDecodeError("max_num_seqs must be >= 1")
+            raise LeapDecodeError("max_num_seqs must be >= 1", field="max_num_seqs")
         self.target = target
         self.max_num_seqs = max_num_seqs
         self.max_len = target.max_context + MAX_K + 1  # room for drafts past the last token
@@ -130,13 +130,17 @@ class Engine:
             isinstance(suffix_decoding_max_tree_depth, int)
             and 2 <= suffix_decoding_max_tree_depth <= 256
         ):
-            raise LeapDecodeError("suffix_decoding_max_tree_depth must be an integer in 2..256")
+            raise LeapDecodeError(
+                "suffix_decoding_max_tree_depth must be an integer in 2..256",
+                field="suffix_decoding_max_tree_depth",
+            )
         if not (
             isinstance(suffix_decoding_max_cached_requests, int)
             and suffix_decoding_max_cached_requests >= 0
         ):
             raise LeapDecodeError(
-                "suffix_decoding_max_cached_requests must be an integer >= 0 (0: no global tree)"
+                "suffix_decoding_max_cached_requests must be an integer >= 0 (0: no global tree)",
+                field="suffix_decoding_max_cached_requests",
             )
         self.proposers: dict[str, Proposer] = {
             "none": NoProposer(),

@@ -33,22 +33,24 @@ from .worker import EngineClient, EngineGone, QueueFull
 MAX_BODY = 1 << 20  # bytes
 
 
-def _param_of(message: str) -> str | None:
-    for needle, param in (
-        ("temperature", "temperature"),
-        ("top-p", "top_p"),
-        ("top-k", "top_k"),
-        ("max_new_tokens", "max_tokens"),
-        ("prompt", "prompt"),
-        ("token id", "prompt"),
-        ("seed", "seed"),
-        ("stop", "stop"),
-        ("k must", "speculation.num_speculative_tokens"),
-        ("method", "speculation.method"),
-    ):
-        if needle in message:
-            return param
-    return None
+# LeapDecodeError.field -> the request parameter it came from (the rest of SpecConfig's
+# fields: "speculation.<field>"; anything else: no parameter)
+PARAMS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "seed": "seed",
+    "max_new_tokens": "max_tokens",
+    "prompt": "prompt",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+}
+
+
+def _param_of(e: LeapDecodeError) -> str | None:
+    if e.field is None or e.field in PARAMS:
+        return PARAMS.get(e.field)
+    return f"speculation.{e.field}" if e.field in SpecConfig.__dataclass_fields__ else None
 
 
 def _error(e: APIError, headers: dict | None = None) -> JSONResponse:
@@ -214,7 +216,7 @@ def create_app(
             return frontend.request(prompt, spec=seq_spec, **req.options())
         except LeapDecodeError as e:  # named as the request names it
             message = str(e).replace("max_new_tokens", "max_tokens")
-            raise protocol.bad(message, _param_of(str(e))) from None
+            raise protocol.bad(message, _param_of(e)) from None
 
     async def _run(request: Request, req: GenerationRequest, prompt, kind: str):
         seq = _sequence(req, prompt)
