@@ -38,10 +38,9 @@ from ..proposers import (
     Proposer,
     SuffixProposer,
 )
-from ..sampling import process_rows
 from ..sequence import Sequence, pad_right
-from ..tree import ancestor_mask, chain_parents, depths
-from ..verify import greedy_accept, rejection_accept, sample_match_accept, tree_greedy_accept
+from ..tree import ancestor_mask, depths
+from ..verify import accept_batch
 from .cost_model import CostModel
 from .scheduler import Scheduler
 
@@ -448,73 +447,13 @@ class Engine:
             s.stats.decode_s = t3 - s.stats.first_token_s
 
     def _verify(self, seqs, logits, drafts: Drafts) -> tuple[torch.Tensor, list[int], list[int]]:
-        """The acceptance rule (verify.py) for the whole batch, in at most three calls:
-        greedy rows; sampled rows with a draft model's drafts (rejection sampling, uniforms
-        from the row's draft stream); every other sampled row (deterministic drafts or none:
-        the target's own sample at each position, from the row's per-position uniforms).
-        Each row keeps its own temperature / top-k / top-p and seeded streams, so a row
-        draws the same alone or batched.
-
-        Returns (paths [B, k]: input indices of each row's accepted drafts, n_accepted,
-        next_token); a chain's path is 1 .. n."""
-        dev = logits.device
-        batch, k = drafts.tokens.shape
-        tokens, counts = drafts.tokens.to(dev), drafts.counts.to(dev)
-        parents = drafts.parents if drafts.parents is not None else chain_parents(batch, k)
-        paths = torch.arange(1, k + 1).expand(batch, k).clone()  # [B, k]
-        n_acc = [0] * batch
-        nxt = [0] * batch
-        stochastic = drafts.stochastic
-        if stochastic is None:
-            stochastic = torch.full((batch,), drafts.probs is not None)
-        stochastic = stochastic & (drafts.counts > 0)
-        greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
-        rejection = [i for i, s in enumerate(seqs) if not s.params.greedy and stochastic[i]]
-        matched = [i for i, s in enumerate(seqs) if not s.params.greedy and not stochastic[i]]
-
-        def keep(rows, path, a, t):
-            if path is not None:
-                paths[torch.tensor(rows), : path.shape[1]] = path
-            for j, i in enumerate(rows):
-                n_acc[i], nxt[i] = int(a[j]), int(t[j])
-
-        # every row greedy (the usual batch): the logits as they are, not an indexed copy of
-        # them ([16, 9, 8192] floats: about a millisecond a step)
-        every = len(greedy) == batch
-        if greedy and drafts.parents is not None:
-            idx = torch.tensor(greedy)
-            keep(
-                greedy,
-                *tree_greedy_accept(
-                    logits if every else logits[idx.to(dev)],
-                    drafts.tokens[idx],
-                    parents[idx],
-                    drafts.counts[idx],
-                ),
-            )
-        elif greedy:
-            idx = torch.tensor(greedy, device=dev)
-            rows = logits if every else logits[idx]
-            keep(greedy, None, *greedy_accept(rows, tokens[idx], counts[idx]))
-        if rejection:  # a draft model's chains
-            idx = torch.tensor(rejection, device=dev)
-            p = process_rows(logits[idx, : k + 1], [seqs[i].params for i in rejection])
-            q = drafts.probs.to(dev)[idx]
-            u = torch.zeros(len(rejection), k + 1)
-            for j, i in enumerate(rejection):
-                n = int(drafts.counts[i])
-                draw = torch.rand(n + 1, generator=seqs[i].draft_generator)
-                u[j, :n], u[j, k] = draw[:n], draw[n]
-            keep(rejection, None, *rejection_accept(p, q, tokens[idx], counts[idx], u))
-        if matched:
-            idx = torch.tensor(matched)
-            p = process_rows(logits[idx.to(dev)], [seqs[i].params for i in matched])
-            depth = depths(ancestor_mask(parents[idx], drafts.counts[idx]))  # [M, k+1]
-            u = torch.stack(
-                [seqs[i].uniforms(seqs[i].n_out, k + 1)[depth[j]] for j, i in enumerate(matched)]
-            )
-            keep(
-                matched,
-                *sample_match_accept(p, drafts.tokens[idx], parents[idx], drafts.counts[idx], u),
-            )
-        return paths, n_acc, nxt
+        """verify.accept_batch on this step's drafts: (paths, n_accepted, next_token)."""
+        return accept_batch(
+            seqs,
+            logits,
+            drafts.tokens,
+            drafts.counts,
+            drafts.probs,
+            drafts.parents,
+            drafts.stochastic,
+        )
