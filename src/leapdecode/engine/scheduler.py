@@ -132,6 +132,38 @@ class _Estimate:
         return np.cumsum(np.cumprod(self.rates[1 : upto + 1]))
 
 
+@dataclass
+class _Scoring:
+    """What every plan of one step is scored with (`Scheduler._scoring`): the rows of fixed
+    methods' share, each auto row's gains, and the costs on the grids the plans index."""
+
+    n: int  # rows in the step
+    top: int  # the most drafts any auto row is offered
+    cost: CostModel
+    gain: np.ndarray  # [A, method, K+1] expected accepted drafts (see Scheduler._gains)
+    fixed_tokens: float  # the step's expected tokens from every row but auto's drafts
+    fixed_k: int  # the longest fixed row's k
+    fixed_rows: int  # rows plus the fixed rows' drafts (a packed step's tokens before auto's)
+    fixed_dk: int  # the fixed draft-model rows' depth
+    fixed_dn: int  # and their number
+    fixed_used: set[str]  # the fixed rows' methods
+    fixed_propose: float  # their proposals' seconds
+    verify: np.ndarray  # [R + 1] the verify forward's seconds by forward rows
+    draft_fwd: np.ndarray  # [A + 1] one draft forward's seconds by auto draft rows
+    catch: np.ndarray  # [A] each auto row's draft catch-up share
+    propose: dict[str, float]  # seconds of one proposal by each draftless / head method
+    kds: np.ndarray  # [D] the draft-model depths scored
+
+    def propose_of(self, m: np.ndarray, k: np.ndarray, axis: int) -> np.ndarray:
+        """The proposals' seconds of plans whose rows (along `axis`) take methods m with
+        k drafts: each method once if any row drafts with it (the fixed rows' already paid)."""
+        out = 0.0
+        for name, t in self.propose.items():
+            if t and name not in self.fixed_used:
+                out = out + t * ((m == AUTO_METHODS.index(name)) & (k > 0)).any(axis)
+        return out
+
+
 class Scheduler:
     def __init__(
         self, proposers: dict, target: CausalLM, profile: Callable[[], CostModel] | None = None
@@ -412,51 +444,69 @@ class Scheduler:
         return goodput
 
     def _auto(self, seqs, plan, auto: list[int], alone: bool = True) -> None:
-        """Choose (method, k) for the `auto` rows; see the module notes.
-
-        The verify forward is one [B, 1 + max_i k_i] block (drafts are right-padded to the
-        longest), so its cost is set by the longest draft, not by the sum: under a cap c on
-        every row's k, each row's extra drafts up to c are free in the forward, and the plan
-        for that cap is each row's most valuable option with k <= c. So every cap c (and
-        every draft-model depth kd <= c, and each trained head on or off: the proposals
-        that cost real time) is scored exactly, vectorised over c, and the best plan kept; c = 0 is
-        no drafts. A fraction of a millisecond for 16 rows."""
+        """Choose (method, k) for the `auto` rows: every plan of a family is scored exactly
+        by the goodput (module notes) and the best kept. Two families: under a cap c on
+        every row's k (`_capped`; the verify forward pads rows to the longest draft, so a
+        row's drafts up to c are free in it), and, where the target packs rows, each row's
+        drafts priced one by one (`_packed`). A fraction of a millisecond for 16 rows."""
         cost = self.cost or CostModel()  # profiled at the first idle moment (engine.step)
         if alone and len(seqs) == 1 and auto == [0]:  # one request alone: see _auto_alone
             plan[0] = self._auto_alone(seqs[0], self._options(seqs[0]), cost)
             return
-        n = len(seqs)
-        fixed_tokens, fixed_k, fixed_dk, fixed_dn, fixed_rows = float(n), 0, 0, 0, n
-        fixed_used: set[str] = set()
+        sc = self._scoring(seqs, plan, auto, cost)
+        best_g, best_plan = self._capped(sc)
+        chains_only = sc.fixed_used <= set(CHAINS) and not any(s.spec.use_tree_spec for s in seqs)
+        if self.target.packs_rows and len(seqs) > 1 and chains_only and sc.top:
+            packed = self._packed(sc)
+            if packed[0] > best_g:
+                best_g, best_plan = packed
+        m, k = best_plan
+        for j, i in enumerate(auto):
+            plan[i] = (AUTO_METHODS[int(m[j])], int(k[j])) if k[j] > 0 else ("none", 0)
+
+    def _fixed(self, seqs, plan) -> dict:
+        """What the rows of fixed methods bring to every plan: their expected tokens (a head's
+        tree worth its depth, a chain its length), longest k, real tokens, draft-model depth
+        and rows, and the methods they use."""
+        out = dict(
+            fixed_tokens=float(len(seqs)),
+            fixed_k=0,
+            fixed_rows=len(seqs),
+            fixed_dk=0,
+            fixed_dn=0,
+            fixed_used=set(),
+        )
         for i, p in enumerate(plan):
             if p is None or p[1] == 0:
                 continue
-            fixed_k = max(fixed_k, p[1])
-            fixed_rows += p[1]  # the step's real tokens, where the target packs rows
-            fixed_used.add(p[0])
-            if p[0] in PRIOR:  # a head's tree is worth its depth, a chain its length
-                span = (
-                    self.proposers[p[0]].depth(p[1])
-                    if p[0] == "medusa"
-                    else (
-                        min(p[1], seqs[i].spec.speculative_num_steps) if p[0] == "eagle" else p[1]
-                    )
-                )
-                fixed_tokens += float(self._estimate(seqs[i], p[0]).gains(span)[-1])
-            if p[0] == "draft":
-                fixed_dk, fixed_dn = max(fixed_dk, p[1]), fixed_dn + 1
-        options = [self._options(seqs[i]) for i in auto]
-        top = max((lim for opts in options for _, lim, _, _ in opts), default=0)
-        methods = AUTO_METHODS
-        a, n_m = len(auto), len(methods)
-        ks = np.arange(top + 1)  # [K+1]
-        gain = np.full((a, n_m, top + 1), -np.inf)  # [A, method, k] expected accepted drafts
+            method, k = p
+            out["fixed_k"] = max(out["fixed_k"], k)
+            out["fixed_rows"] += k  # the step's real tokens, where the target packs rows
+            out["fixed_used"].add(method)
+            if method in PRIOR:
+                span = k
+                if method == "medusa":
+                    span = self.proposers["medusa"].depth(k)
+                elif method == "eagle":
+                    span = min(k, seqs[i].spec.speculative_num_steps)
+                out["fixed_tokens"] += float(self._estimate(seqs[i], method).gains(span)[-1])
+            if method == "draft":
+                out["fixed_dk"], out["fixed_dn"] = max(out["fixed_dk"], k), out["fixed_dn"] + 1
+        return out
+
+    @staticmethod
+    def _gains(options, top: int) -> tuple[np.ndarray, int]:
+        """[A, method, K+1] each auto row's expected accepted drafts by method and k (-inf
+        where not on offer; a head's tree only at its whole size), and the deepest draft-model
+        chain any row may take."""
+        n_m = len(AUTO_METHODS)
+        ks = np.arange(top + 1)
+        gain = np.full((len(options), n_m, top + 1), -np.inf)
         gain[:, :, 0] = 0.0
-        top_draft = 0  # the deepest draft-model chain any row may take
-        chains = []  # (row, method, most drafts, rates) of every chain option
+        top_draft, chains = 0, []  # chains: (row, method, most drafts, rates)
         for j, opts in enumerate(options):
             for method, lim, est, depth in opts:
-                m = methods.index(method)
+                m = AUTO_METHODS.index(method)
                 if depth is None:  # a chain: any k up to lim
                     chains.append((j, m, lim, est.rates[1 : top + 1]))
                     if m == DRAFT:
@@ -464,43 +514,67 @@ class Scheduler:
                 else:  # a head's tree: its whole size, worth its depth
                     gain[j, m, lim] = float(est.gains(depth)[-1])
         if chains and top:  # every chain's E(k) - 1 for k = 1..top at once (_Estimate.gains)
-            rows_, ms, lims, rates = zip(*chains, strict=True)
+            rows, ms, lims, rates = zip(*chains, strict=True)
             g = np.cumsum(np.cumprod(np.stack(rates), axis=1), axis=1)  # [chains, K]
             g[ks[1:][None, :] > np.array(lims)[:, None]] = -np.inf  # past each one's most
-            gain[np.array(rows_), np.array(ms), 1:] = g
-        # under cap c: the best gain with k <= c, and the smallest k that reaches it
-        best = np.maximum.accumulate(gain, axis=2)  # [A, method, K+1]
-        prev = np.concatenate([np.full((a, n_m, 1), -np.inf), best[:, :, :-1]], axis=2)
-        k_at = np.maximum.accumulate(np.where(gain > prev, ks, 0), axis=2)  # [A, method, K+1]
+            gain[np.array(rows), np.array(ms), 1:] = g
+        return gain, top_draft
+
+    def _scoring(self, seqs, plan, auto: list[int], cost: CostModel) -> _Scoring:
+        """Everything every plan of this step is scored with."""
+        fixed = self._fixed(seqs, plan)
+        options = [self._options(seqs[i]) for i in auto]
+        top = max((lim for opts in options for _, lim, _, _ in opts), default=0)
+        gain, top_draft = self._gains(options, top)
         propose = {
             m: self._eagle_s(cost, seqs, auto) if m == "eagle" else cost.propose_s(m)
-            for m in methods
+            for m in AUTO_METHODS
             if m != "draft"
         }
-        fixed_propose = sum(propose.get(m, 0.0) for m in fixed_used)
-        verify = cost.verify_curve(
-            n, n * (1 + max(top, fixed_k)), self._context(seqs)
-        )  # [rows + 1]
-        draft_fwd = cost.draft_curve(fixed_dn, fixed_dn + a)  # [A + 1]
+        n, a = len(seqs), len(auto)
         # a row's draft catch-up is paid once and then serves the row's later draft steps:
         # spread over those it is expected to take (DRAFT_SHARE_PRIOR above)
         catch = np.zeros(a)  # [A]
         if top_draft:
             catch = np.array([self._catch_share(cost, seqs[i]) for i in auto])
-        caps = ks  # [C] = [K+1]
         # beside fixed draft rows the draft forwards run anyway: any depth up to theirs is free;
         # every draft-model depth kd is scored at once, on a leading axis [D]
-        kds = np.array([0] + list(range(max(1, min(fixed_dk, top_draft)), top_draft + 1)))  # [D]
-        d_cap = np.minimum(caps[None, :], kds[:, None])  # [D, C] the draft drafts at most kd
-        base = np.broadcast_to(best, (len(kds),) + best.shape).copy()  # [D, A, method, C]
+        lo = max(1, min(fixed["fixed_dk"], top_draft))
+        return _Scoring(
+            n=n,
+            top=top,
+            cost=cost,
+            gain=gain,
+            **fixed,
+            fixed_propose=sum(propose.get(m, 0.0) for m in fixed["fixed_used"]),
+            verify=cost.verify_curve(n, n * (1 + max(top, fixed["fixed_k"])), self._context(seqs)),
+            draft_fwd=cost.draft_curve(fixed["fixed_dn"], fixed["fixed_dn"] + a),  # [A + 1]
+            catch=catch,
+            propose=propose,
+            kds=np.array([0] + list(range(lo, top_draft + 1))),
+        )
+
+    @staticmethod
+    def _capped(sc: _Scoring) -> tuple[float, tuple[np.ndarray, np.ndarray]]:
+        """The best plan under a cap c on every row's k (the verify forward is one
+        [B, 1 + max_i k_i] block: each row's most valuable option with k <= c), every cap,
+        draft-model depth kd <= c and subset of the offered heads (whose proposals cost real
+        time once any row takes them) scored at once; returns (goodput, (m, k))."""
+        gain, n, cost = sc.gain, sc.n, sc.cost
+        a, n_m, top1 = gain.shape
+        ks = np.arange(top1)  # [C] the caps
+        # under cap c: the best gain with k <= c, and the smallest k that reaches it
+        best = np.maximum.accumulate(gain, axis=2)  # [A, method, C]
+        prev = np.concatenate([np.full((a, n_m, 1), -np.inf), best[:, :, :-1]], axis=2)
+        k_at = np.maximum.accumulate(np.where(gain > prev, ks, 0), axis=2)  # [A, method, C]
+        d_cap = np.minimum(ks[None, :], sc.kds[:, None])  # [D, C] the draft drafts at most kd
+        base = np.broadcast_to(best, (len(sc.kds),) + best.shape).copy()  # [D, A, method, C]
         base_k = np.broadcast_to(k_at, base.shape).copy()
         base[:, :, DRAFT] = best[:, DRAFT][:, d_cap].transpose(1, 0, 2)  # [D, A, C]
-        base[kds == 0, :, DRAFT] = -np.inf
+        base[sc.kds == 0, :, DRAFT] = -np.inf
         base_k[:, :, DRAFT] = k_at[:, DRAFT][:, d_cap].transpose(1, 0, 2)
         best_g, best_plan = -1.0, (np.zeros(a, dtype=np.int64), np.zeros(a, dtype=np.int64))
-        # the heads' proposals cost real time once any row takes them: each plan is scored
-        # with every subset of the offered heads switched on
-        offered = [h for h in HEAD_INDICES if top and np.isfinite(gain[:, h, 1:]).any()]
+        offered = [h for h in HEAD_INDICES if sc.top and np.isfinite(gain[:, h, 1:]).any()]
         for mask in range(1 << len(offered)):
             value = base
             if offered:
@@ -513,61 +587,25 @@ class Scheduler:
             k = np.take_along_axis(base_k, m[:, :, None], 2)[:, :, 0]  # [D, A, C]
             k = np.where(np.isfinite(g) & (g > 0), k, 0)
             g = np.where(k > 0, g, 0.0)
-            tokens = fixed_tokens + g.sum(1)  # [D, C]
-            longest = np.maximum(fixed_k, k.max(1))  # [D, C]
+            longest = np.maximum(sc.fixed_k, k.max(1))  # [D, C]
             drafting = (m == DRAFT) & (k > 0)  # [D, A, C]
-            dk = np.maximum(fixed_dk, np.where(drafting, k, 0).max(1))  # [D, C]
+            dk = np.maximum(sc.fixed_dk, np.where(drafting, k, 0).max(1))  # [D, C]
             c = (
                 cost.overhead_s
-                + fixed_propose
-                + verify[n * (1 + longest)]
-                + dk * draft_fwd[drafting.sum(1)]
-                + np.einsum("dac,a->dc", drafting, catch)
+                + sc.fixed_propose
+                + sc.verify[n * (1 + longest)]
+                + dk * sc.draft_fwd[drafting.sum(1)]
+                + np.einsum("dac,a->dc", drafting, sc.catch)
             )
-            for name, t in propose.items():
-                if t and name not in fixed_used:
-                    c = c + t * ((m == methods.index(name)) & (k > 0)).any(1)
-            goodput = tokens / c  # [D, C]
+            c = c + sc.propose_of(m, k, axis=1)
+            goodput = (sc.fixed_tokens + g.sum(1)) / c  # [D, C]
             di, ci = np.unravel_index(int(goodput.argmax()), goodput.shape)
             if goodput[di, ci] > best_g:
                 best_g, best_plan = float(goodput[di, ci]), (m[di, :, ci], k[di, :, ci])
-        chains_only = fixed_used <= set(CHAINS) and not any(s.spec.use_tree_spec for s in seqs)
-        if self.target.packs_rows and n > 1 and chains_only and top:
-            packed = self._packed(
-                gain,
-                fixed_tokens,
-                fixed_rows,
-                kds,
-                cost,
-                verify,
-                draft_fwd,
-                catch,
-                propose,
-                fixed_used,
-                fixed_propose,
-                fixed_dk,
-            )
-            if packed[0] > best_g:
-                best_g, best_plan = packed
-        m, k = best_plan
-        for j, i in enumerate(auto):
-            plan[i] = (methods[int(m[j])], int(k[j])) if k[j] > 0 else ("none", 0)
+        return best_g, best_plan
 
-    def _packed(
-        self,
-        gain,
-        fixed_tokens,
-        fixed_rows,
-        kds,
-        cost,
-        verify,
-        draft_fwd,
-        catch,
-        propose,
-        fixed_used,
-        fixed_propose,
-        fixed_dk,
-    ):
+    @staticmethod
+    def _packed(sc: _Scoring) -> tuple[float, tuple[np.ndarray, np.ndarray]]:
         """The best chains-only plan where the target packs rows (`CausalLM.packs_rows`): the
         verify forward then costs the step's real tokens, n + sum_i k_i, not the longest
         row's count n times, so a row's drafts are priced one by one. For a price p (of a
@@ -575,8 +613,8 @@ class Scheduler:
         its first k positions whose chance of being reached and accepted beats p (a chain's
         r_1 ... r_j falls with j). Every price on a grid from 0 to 1 (and every draft-model
         depth, as in the caps' search) is scored exactly; returns (goodput, (m, k))."""
-        methods = AUTO_METHODS
-        chain = gain.copy()  # [A, method, K+1]; heads' trees are not chains
+        kds = sc.kds
+        chain = sc.gain.copy()  # [A, method, K+1]; heads' trees are not chains
         chain[:, list(HEAD_INDICES), 1:] = -np.inf
         with np.errstate(invalid="ignore"):  # -inf - -inf past a row's most
             marg = np.diff(chain, axis=2)  # [A, method, K] what each next draft adds
@@ -594,17 +632,15 @@ class Scheduler:
         k = np.where(np.isfinite(g) & (g > 0), k, 0)
         g = np.where(k > 0, g, 0.0)
         drafting = (m == DRAFT) & (k > 0)  # [D, P, A]
-        dk = np.maximum(fixed_dk, np.where(drafting, k, 0).max(-1))  # [D, P]
+        dk = np.maximum(sc.fixed_dk, np.where(drafting, k, 0).max(-1))  # [D, P]
         c = (
-            cost.overhead_s
-            + fixed_propose
-            + verify[fixed_rows + k.sum(-1)]
-            + dk * draft_fwd[drafting.sum(-1)]
-            + (drafting * catch).sum(-1)
+            sc.cost.overhead_s
+            + sc.fixed_propose
+            + sc.verify[sc.fixed_rows + k.sum(-1)]
+            + dk * sc.draft_fwd[drafting.sum(-1)]
+            + (drafting * sc.catch).sum(-1)
         )
-        for name, t in propose.items():
-            if t and name not in fixed_used:
-                c = c + t * ((m == methods.index(name)) & (k > 0)).any(-1)
-        goodput = (fixed_tokens + g.sum(-1)) / c  # [D, P]
+        c = c + sc.propose_of(m, k, axis=-1)
+        goodput = (sc.fixed_tokens + g.sum(-1)) / c  # [D, P]
         di, pi = np.unravel_index(int(goodput.argmax()), goodput.shape)
         return float(goodput[di, pi]), (m[di, pi], k[di, pi])
