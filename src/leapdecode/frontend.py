@@ -44,6 +44,28 @@ def load_tokenizer(path: str):
         return None
 
 
+def _spec_from(method, k, ngram_min, ngram_max, draft_min_prob, spec_options) -> SpecConfig:
+    """A request's SpecConfig from its options (`Frontend.request`'s method, k, ngram_* and
+    draft_min_prob, and any other SpecConfig field by name)."""
+    fields = spec_field_names()
+    unknown = sorted(set(spec_options) - fields)
+    if unknown:
+        raise LeapDecodeError(
+            f"unknown option {unknown[0]!r}: generation options are method, k, "
+            "max_new_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, "
+            f"ngram_min, ngram_max, draft_min_prob, spec, or a SpecConfig field "
+            f"({', '.join(sorted(fields))})"
+        )
+    return SpecConfig(
+        method=method,
+        num_speculative_tokens=k,
+        prompt_lookup_min=ngram_min,
+        prompt_lookup_max=ngram_max,
+        draft_min_prob=draft_min_prob,
+        **spec_options,
+    )
+
+
 class Frontend:
     """tokenizer: the target's (None: token ids only); eos_token_ids: ids that end
     generation; vocab_size, max_context: the target's; check: refuses a SpecConfig the engine
@@ -135,48 +157,12 @@ class Frontend:
         spec_options: any other SpecConfig field (use_tree_spec, suffix_decoding_*,
         lookahead_*)."""
         if spec is None:
-            fields = spec_field_names()
-            unknown = sorted(set(spec_options) - fields)
-            if unknown:
-                raise LeapDecodeError(
-                    f"unknown option {unknown[0]!r}: generation options are method, k, "
-                    "max_new_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, "
-                    f"ngram_min, ngram_max, draft_min_prob, spec, or a SpecConfig field "
-                    f"({', '.join(sorted(fields))})"
-                )
-            spec = SpecConfig(
-                method=method,
-                num_speculative_tokens=k,
-                prompt_lookup_min=ngram_min,
-                prompt_lookup_max=ngram_max,
-                draft_min_prob=draft_min_prob,
-                **spec_options,
-            )
+            spec = _spec_from(method, k, ngram_min, ngram_max, draft_min_prob, spec_options)
         elif spec_options:
             raise LeapDecodeError("pass either spec= or SpecConfig fields as options, not both")
         self.check(spec)
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        if (
-            not isinstance(max_new_tokens, int)
-            or isinstance(max_new_tokens, bool)
-            or max_new_tokens < 1
-        ):
-            raise LeapDecodeError(
-                f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}",
-                field="max_new_tokens",
-            )
-        stop_strings = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        if any(not isinstance(x, str) or not x for x in stop_strings):
-            raise LeapDecodeError("stop strings must be non-empty strings", field="stop")
-        if stop_strings and self.tokenizer is None:
-            raise LeapDecodeError(
-                "stop strings need a tokenizer in the target folder", field="stop"
-            )
-        bad = [t for t in stop_token_ids or () if not isinstance(t, int) or isinstance(t, bool)]
-        if bad:
-            raise LeapDecodeError(
-                f"stop_token_ids must be integers, got {bad[0]!r}", field="stop_token_ids"
-            )
+        stop_strings = self._stops(max_new_tokens, stop, stop_token_ids)
         ids = self.encode(prompt)
         room = self.max_context - len(ids)
         if max_new_tokens > room:
@@ -201,6 +187,31 @@ class Frontend:
             draft_generator=torch.Generator().manual_seed((gen_seed + 0x5EED) % 2**63),
             spec=spec,
         )
+
+    def _stops(self, max_new_tokens, stop, stop_token_ids) -> tuple[str, ...]:
+        """Check the length and stop options; returns the stop strings as a tuple."""
+        if (
+            not isinstance(max_new_tokens, int)
+            or isinstance(max_new_tokens, bool)
+            or max_new_tokens < 1
+        ):
+            raise LeapDecodeError(
+                f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}",
+                field="max_new_tokens",
+            )
+        stop_strings = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        if any(not isinstance(x, str) or not x for x in stop_strings):
+            raise LeapDecodeError("stop strings must be non-empty strings", field="stop")
+        if stop_strings and self.tokenizer is None:
+            raise LeapDecodeError(
+                "stop strings need a tokenizer in the target folder", field="stop"
+            )
+        bad = [t for t in stop_token_ids or () if not isinstance(t, int) or isinstance(t, bool)]
+        if bad:
+            raise LeapDecodeError(
+                f"stop_token_ids must be integers, got {bad[0]!r}", field="stop_token_ids"
+            )
+        return stop_strings
 
     def result(self, s: Sequence) -> GenerationResult:
         text = self.decode(s.output)
