@@ -106,6 +106,77 @@ class GenerationRequest:
         }
 
 
+def _stops(body: dict) -> list[str]:
+    """'stop': a string or a list of up to 16 non-empty ones."""
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    if (
+        not isinstance(stop, list)
+        or not all(isinstance(s, str) and s for s in stop)
+        or len(stop) > 16
+    ):
+        raise bad("'stop' must be a non-empty string or a list of up to 16 of them", "stop")
+    return stop
+
+
+def _streaming(body: dict) -> tuple[bool, dict]:
+    """'stream' and 'stream_options'."""
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise bad("'stream' must be true or false", "stream", "invalid_type")
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, dict):
+        raise bad("'stream_options' must be an object", "stream_options", "invalid_type")
+    return stream, opts
+
+
+def _speculation(spec) -> tuple:
+    """The request's 'speculation' object: (method, k, batch-size -> k table, other
+    SpecConfig fields), each None where not given."""
+    if spec is None:
+        return None, None, None, None
+    if not isinstance(spec, dict):
+        raise bad(
+            '\'speculation\' must be an object like {"method": "ngram", '
+            '"num_speculative_tokens": 4}',
+            "speculation",
+            "invalid_type",
+        )
+    method = spec.get("method")
+    if method is not None and method not in METHODS:
+        raise bad(
+            f"unknown speculation method {method!r}: use one of {', '.join(METHODS)}",
+            "speculation.method",
+        )
+    k = _number(spec, "num_speculative_tokens", None, lo=0, hi=MAX_K, integer=True)
+    table = spec.get("num_speculative_tokens_per_batch_size")
+    if table is not None:
+        try:
+            table = parse_k_table(",".join(f"{b}:{t}" for b, t in dict(table).items()))
+        except (LeapDecodeError, TypeError, ValueError) as e:
+            raise bad(
+                f"'num_speculative_tokens_per_batch_size' must map batch sizes to k: {e}",
+                "speculation.num_speculative_tokens_per_batch_size",
+            ) from None
+    core = {"method", "num_speculative_tokens", "num_speculative_tokens_per_batch_size"}
+    fields = spec_field_names() - core
+    unknown = sorted(set(spec) - fields - core)
+    if unknown:
+        raise bad(
+            f"unknown speculation field {unknown[0]!r}: use method, "
+            "num_speculative_tokens, num_speculative_tokens_per_batch_size or "
+            f"{', '.join(sorted(fields))}",
+            f"speculation.{unknown[0]}",
+        )
+    extra = {name: spec[name] for name in fields if name in spec}
+    return method, k, table, extra or None
+
+
 def _common(body: dict, prompt) -> GenerationRequest:
     max_tokens = _number(body, "max_tokens", 16, lo=1, integer=True)
     if "max_completion_tokens" in body and body["max_completion_tokens"] is not None:
@@ -123,65 +194,9 @@ def _common(body: dict, prompt) -> GenerationRequest:
             raise bad(f"'{name}' is not supported by this server", name, "unsupported")
     if body.get("best_of") not in (None, 1):
         raise bad("'best_of' is not supported by this server", "best_of", "unsupported")
-    stop = body.get("stop")
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    if (
-        not isinstance(stop, list)
-        or not all(isinstance(s, str) and s for s in stop)
-        or len(stop) > 16
-    ):
-        raise bad("'stop' must be a non-empty string or a list of up to 16 of them", "stop")
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise bad("'stream' must be true or false", "stream", "invalid_type")
-    opts = body.get("stream_options") or {}
-    if not isinstance(opts, dict):
-        raise bad("'stream_options' must be an object", "stream_options", "invalid_type")
-    spec = body.get("speculation")
-    method = k = None
-    if spec is not None:
-        if not isinstance(spec, dict):
-            raise bad(
-                '\'speculation\' must be an object like {"method": "ngram", '
-                '"num_speculative_tokens": 4}',
-                "speculation",
-                "invalid_type",
-            )
-        method = spec.get("method")
-        if method is not None and method not in METHODS:
-            raise bad(
-                f"unknown speculation method {method!r}: use one of {', '.join(METHODS)}",
-                "speculation.method",
-            )
-        k = _number(spec, "num_speculative_tokens", None, lo=0, hi=MAX_K, integer=True)
-        table = spec.get("num_speculative_tokens_per_batch_size")
-        if table is not None:
-            try:
-                table = parse_k_table(",".join(f"{b}:{t}" for b, t in dict(table).items()))
-            except (LeapDecodeError, TypeError, ValueError) as e:
-                raise bad(
-                    f"'num_speculative_tokens_per_batch_size' must map batch sizes to k: {e}",
-                    "speculation.num_speculative_tokens_per_batch_size",
-                ) from None
-        core = {"method", "num_speculative_tokens", "num_speculative_tokens_per_batch_size"}
-        fields = spec_field_names() - core
-        unknown = sorted(set(spec) - fields - core)
-        if unknown:
-            raise bad(
-                f"unknown speculation field {unknown[0]!r}: use method, "
-                "num_speculative_tokens, num_speculative_tokens_per_batch_size or "
-                f"{', '.join(sorted(fields))}",
-                f"speculation.{unknown[0]}",
-            )
-        extra = {name: spec[name] for name in fields if name in spec}
-    else:
-        table = None
-        extra = None
+    stop = _stops(body)
+    stream, opts = _streaming(body)
+    method, k, table, extra = _speculation(body.get("speculation"))
     return GenerationRequest(
         prompt,
         max_tokens,
