@@ -110,19 +110,9 @@ def bind(host: str, port: int) -> list:
     return socks
 
 
-def cmd_serve(args) -> int:
-    import gc
-    import sys
-
-    import torch
-    import uvicorn
-
-    from ..engine.engine import check_spec
-    from ..frontend import Frontend, load_tokenizer
+def _configure(args) -> tuple[SpecConfig, dict]:
+    """The server's checked flags: its default SpecConfig and what the engine process loads."""
     from ..paths import resolve_models
-    from ..threads import resolve_threads
-    from .app import Server, create_app
-    from .worker import EngineClient
 
     if not 0 < args.port < 65536:
         raise LeapDecodeError(f"--port must be in 1..65535, got {args.port}")
@@ -130,7 +120,6 @@ def cmd_serve(args) -> int:
         raise LeapDecodeError("--max-queue must be >= 1")
     if args.max_num_seqs < 1:
         raise LeapDecodeError(f"--max-num-seqs must be >= 1, got {args.max_num_seqs}")
-    socks = bind(args.host, args.port)
     table = parse_k_table(args.k_per_batch_size) if args.k_per_batch_size else ()
     spec = SpecConfig(
         method=args.speculation,
@@ -157,6 +146,25 @@ def cmd_serve(args) -> int:
         compile=args.compile,
         **engine_options(args),
     )
+    return spec, load
+
+
+def cmd_serve(args) -> int:
+    import gc
+    import sys
+
+    import torch
+    import uvicorn
+
+    from ..engine.engine import check_spec
+    from ..frontend import Frontend, load_tokenizer
+    from ..threads import resolve_threads
+    from .app import Server, create_app
+    from .worker import EngineClient
+
+    spec, load = _configure(args)
+    socks = bind(args.host, args.port)
+    target = load["target"]
     resolve_threads(args.threads)  # a bad --threads is said here, not by the engine process
     torch.set_num_threads(1)  # the HTTP process runs no model
     name = args.served_model_name or os.path.basename(os.path.abspath(target))
