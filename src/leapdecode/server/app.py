@@ -139,27 +139,54 @@ class _Guard:
         await self.app(scope, receive, send)
 
 
-def create_app(
-    engine: EngineClient,
-    frontend: Frontend,
-    spec: SpecConfig,
-    model_name: str,
-    api_key: str | None = None,
-) -> FastAPI:
-    """engine: the engine process, loaded (EngineClient.wait_ready); frontend: requests'
-    tokenizer side, with the engine's capabilities; spec: the server's default speculation."""
+def _usage(seq) -> dict:
+    return {
+        "prompt_tokens": seq.prompt_len,
+        "completion_tokens": seq.n_out,
+        "total_tokens": seq.prompt_len + seq.n_out,
+    }
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
-        engine.start(asyncio.get_running_loop())
-        yield
-        engine.stop()
 
-    app = FastAPI(title="leapdecode", version="1", lifespan=lifespan)
-    app.state.engine = engine
-    created = int(time.time())
+def _spec_stats(seq) -> dict:
+    s = seq.stats.as_dict()
+    k = 0 if seq.spec.method == "none" else seq.spec.num_speculative_tokens
+    return {
+        "method": seq.spec.method,
+        "num_speculative_tokens": k,
+        **{
+            k: s[k]
+            for k in (
+                "proposed",
+                "accepted",
+                "acceptance_rate",
+                "mean_accepted_tokens",
+                "target_forwards",
+            )
+        },
+    }
 
-    app.add_middleware(_Guard, api_key=api_key)
+
+def _choice(kind: str, text: str, finish: str | None, delta: bool) -> dict:
+    if kind == "text_completion":
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    if delta:
+        return {
+            "index": 0,
+            "delta": {"content": text} if text else {},
+            "logprobs": None,
+            "finish_reason": finish,
+        }
+    return {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": None,
+        "finish_reason": finish,
+    }
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as the OpenAI error body: HTTP errors, request validation, and (a bug)
+    anything else as a 500 that says what it was."""
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
@@ -189,7 +216,19 @@ def create_app(
     async def _validation_error(request: Request, exc: RequestValidationError):
         return _error(protocol.bad(f"invalid request: {exc.errors()}"))
 
-    async def _body(request: Request) -> dict:
+
+class Routes:
+    """The OpenAI-compatible endpoints' work, for `create_app` to route to: a request's body
+    read and checked, its Sequence built, submitted to the engine process, answered whole or
+    streamed, and aborted when its client goes away."""
+
+    def __init__(
+        self, engine: EngineClient, frontend: Frontend, spec: SpecConfig, model_name: str
+    ) -> None:
+        self.engine, self.frontend, self.spec = engine, frontend, spec
+        self.model_name = model_name
+
+    async def body(self, request: Request) -> dict:
         raw = await request.body()
         if len(raw) > MAX_BODY:
             raise protocol.bad(
@@ -197,36 +236,36 @@ def create_app(
             )
         body = protocol.parse_json(raw)
         model = body.get("model")
-        if model is not None and model != model_name:
+        if model is not None and model != self.model_name:
             raise APIError(
                 404,
                 f"the model {model!r} does not exist: this server serves "
-                f"{model_name!r} (GET /v1/models)",
+                f"{self.model_name!r} (GET /v1/models)",
                 "model",
                 "model_not_found",
                 "not_found_error",
             )
         return body
 
-    def _sequence(req: GenerationRequest, prompt):
+    def sequence(self, req: GenerationRequest, prompt):
         try:
-            seq_spec = spec.with_overrides(req.method, req.k, req.k_table)
+            seq_spec = self.spec.with_overrides(req.method, req.k, req.k_table)
             if req.spec_fields:
                 seq_spec = dataclasses.replace(seq_spec, **req.spec_fields)
-            return frontend.request(prompt, spec=seq_spec, **req.options())
+            return self.frontend.request(prompt, spec=seq_spec, **req.options())
         except LeapDecodeError as e:  # named as the request names it
             message = str(e).replace("max_new_tokens", "max_tokens")
             raise protocol.bad(message, _param_of(e)) from None
 
-    async def _run(request: Request, req: GenerationRequest, prompt, kind: str):
-        seq = _sequence(req, prompt)
+    async def run(self, request: Request, req: GenerationRequest, prompt, kind: str):
+        seq = self.sequence(req, prompt)
         try:
-            events = engine.submit(seq)
+            events = self.engine.submit(seq)
         except QueueFull:
             return _error(
                 APIError(
                     429,
-                    f"the server is busy ({engine.max_queue} requests waiting): retry later",
+                    f"the server is busy ({self.engine.max_queue} requests waiting): retry later",
                     None,
                     "queue_full",
                     "rate_limit_error",
@@ -246,76 +285,34 @@ def create_app(
         rid = ("cmpl-" if kind == "text_completion" else "chatcmpl-") + uuid.uuid4().hex[:24]
         if req.stream:
             return StreamingResponse(
-                _stream(request, seq, events, rid, kind, req), media_type="text/event-stream"
+                self.stream(request, seq, events, rid, kind, req), media_type="text/event-stream"
             )
-        return await _complete(request, seq, events, rid, kind)
+        return await self.complete(request, seq, events, rid, kind)
 
-    def _usage(seq) -> dict:
-        return {
-            "prompt_tokens": seq.prompt_len,
-            "completion_tokens": seq.n_out,
-            "total_tokens": seq.prompt_len + seq.n_out,
-        }
-
-    def _spec_stats(seq) -> dict:
-        s = seq.stats.as_dict()
-        k = 0 if seq.spec.method == "none" else seq.spec.num_speculative_tokens
-        return {
-            "method": seq.spec.method,
-            "num_speculative_tokens": k,
-            **{
-                k: s[k]
-                for k in (
-                    "proposed",
-                    "accepted",
-                    "acceptance_rate",
-                    "mean_accepted_tokens",
-                    "target_forwards",
-                )
-            },
-        }
-
-    def _choice(kind: str, text: str, finish: str | None, delta: bool) -> dict:
-        if kind == "text_completion":
-            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        if delta:
-            return {
-                "index": 0,
-                "delta": {"content": text} if text else {},
-                "logprobs": None,
-                "finish_reason": finish,
-            }
-        return {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": finish,
-        }
-
-    async def _complete(request, seq, events, rid, kind):
+    async def complete(self, request, seq, events, rid, kind):
         watch = ClientWatch(request, events)
         while True:
             ev = await watch.next()
             if ev is None:
-                engine.abort(seq.id)
+                self.engine.abort(seq.id)
                 return Response(status_code=499)
             if ev.error:
                 return _error(APIError(500, ev.error, None, "internal_error", "server_error"))
             if ev.finished:
                 break
-        result = frontend.result(seq)
+        result = self.frontend.result(seq)
         finish = "stop" if result.finish_reason == "stop" else "length"
         return {
             "id": rid,
             "object": kind if kind == "text_completion" else "chat.completion",
             "created": int(time.time()),
-            "model": model_name,
+            "model": self.model_name,
             "choices": [_choice(kind, result.text, finish, False)],
             "usage": _usage(seq),
             "speculation": _spec_stats(seq),
         }
 
-    async def _stream(request, seq, events, rid, kind, req):
+    async def stream(self, request, seq, events, rid, kind, req):
         obj = "text_completion" if kind == "text_completion" else "chat.completion.chunk"
 
         def chunk(text: str, finish: str | None, usage: dict | None = None) -> str:
@@ -323,7 +320,7 @@ def create_app(
                 "id": rid,
                 "object": obj,
                 "created": int(time.time()),
-                "model": model_name,
+                "model": self.model_name,
                 "choices": [_choice(kind, text, finish, True)],
             }
             if usage is not None:
@@ -332,7 +329,7 @@ def create_app(
             return f"data: {json.dumps(body)}\n\n"
 
         watch = ClientWatch(request, events)
-        text = TextStream(seq, frontend.decode, frontend.result)
+        text = TextStream(seq, self.frontend.decode, self.frontend.result)
         done = False
         try:
             if kind != "text_completion":
@@ -356,17 +353,17 @@ def create_app(
             done = True
         finally:
             if not done and not seq.finished:
-                engine.abort(seq.id)  # the client went away: free the slot
+                self.engine.abort(seq.id)  # the client went away: free the slot
 
-    async def _handle(request: Request, chat: bool):
+    async def handle(self, request: Request, chat: bool):
         try:
-            body = await _body(request)
+            body = await self.body(request)
             if chat:
                 messages, req = protocol.parse_chat(body)
-                tok = frontend.tokenizer
+                tok = self.frontend.tokenizer
                 if tok is None or not getattr(tok, "chat_template", None):
                     raise protocol.bad(
-                        f"the model {model_name!r} has no chat template (it is a code completion "
+                        f"the model {self.model_name!r} has no chat template (it is a code completion "
                         "model): use POST /v1/completions with a prompt",
                         "messages",
                         "no_chat_template",
@@ -379,19 +376,43 @@ def create_app(
                     raise protocol.bad(
                         f"the chat template rejected the messages: {e}", "messages"
                     ) from None
-                return await _run(request, req, prompt, "chat.completion")
+                return await self.run(request, req, prompt, "chat.completion")
             req = protocol.parse_completion(body)
-            return await _run(request, req, req.prompt, "text_completion")
+            return await self.run(request, req, req.prompt, "text_completion")
         except APIError as e:
             return _error(e)
 
+
+def create_app(
+    engine: EngineClient,
+    frontend: Frontend,
+    spec: SpecConfig,
+    model_name: str,
+    api_key: str | None = None,
+) -> FastAPI:
+    """engine: the engine process, loaded (EngineClient.wait_ready); frontend: requests'
+    tokenizer side, with the engine's capabilities; spec: the server's default speculation."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start(asyncio.get_running_loop())
+        yield
+        engine.stop()
+
+    app = FastAPI(title="leapdecode", version="1", lifespan=lifespan)
+    app.state.engine = engine
+    created = int(time.time())
+    app.add_middleware(_Guard, api_key=api_key)
+    _add_error_handlers(app)
+    routes = Routes(engine, frontend, spec, model_name)
+
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await _handle(request, chat=False)
+        return await routes.handle(request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await _handle(request, chat=True)
+        return await routes.handle(request, chat=True)
 
     @app.get("/v1/models")
     async def models():
