@@ -101,7 +101,7 @@ def main() -> None:
     def run(label: str, start: int) -> dict:
         # NAME-padded: NAME with every chain step padded to its longest row (packs_rows off)
         padded = label.endswith("-padded")
-        type(eng.target).packs_rows = property(lambda m: False) if padded else packs_rows
+        type(eng.target).packs_rows = property(lambda m: 0) if padded else packs_rows
         spec = SpecConfig(**CONFIGS[label.removesuffix("-padded")])
         # auto-flat: every draft scored with, and learning into, one bucket of its own
         scheduler._bucket = (lambda *a: 100) if label == "auto-flat" else bucket

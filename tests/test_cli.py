@@ -203,6 +203,8 @@ def test_errors_name_the_flags_the_user_typed(capsys, target_dir):
     for argv, flag in ((["--method", "suffix", "--suffix-min-token-prob", "2"],
                         "--suffix-min-token-prob must be"),
                        (["--draft-min-prob", "5"], "--draft-min-prob must be"),
+                       (["--method", "lookahead", "--lookahead-ngram-size", "2"],
+                        "(--lookahead-ngram-size)"),
                        (["--max-new-tokens", "100000"], "lower --max-new-tokens")):  # fmt: skip
         code, _, err = run_cli(capsys, "generate", "--target", target_dir, *argv, "x")
         assert code == 2 and flag in err, err

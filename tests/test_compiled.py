@@ -201,6 +201,7 @@ def test_packed_step_runs_only_each_rows_real_tokens(model, hidden):
     want = HiddenRequest((0, 2), True) if hidden else None
     runs = (("padded", None, {}), ("packed", compiled, {"counts": counts}))
     outs = _each_path(model, tokens, slots, want, runs)
+    assert model.last_packed  # the engine prices the step by what ran
     (a, ka, va, _), (b, kb, vb, lb) = outs["padded"], outs["packed"]
     assert torch.equal(lb[slots], start + counts)
     for row, (slot, n) in enumerate(zip(slots.tolist(), counts.tolist(), strict=True)):

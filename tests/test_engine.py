@@ -436,7 +436,7 @@ def test_packed_steps_price_each_rows_drafts_by_its_own_tokens(decoder, prompts,
     rng = np.random.default_rng(3)
     sched = decoder.engine.scheduler
     seqs = [decoder.request(p, method="auto", k=4, max_new_tokens=32) for p in prompts[:3]]
-    monkeypatch.setattr(type(decoder.engine.target), "packs_rows", property(lambda m: True))
+    monkeypatch.setattr(type(decoder.engine.target), "packs_rows", property(lambda m: 64))
     old, lim = sched.cost, 6
     choices = [("none", 0)] + [(m, k) for m in ("ngram", "suffix") for k in range(1, lim + 1)]
     short = 0

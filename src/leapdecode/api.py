@@ -184,7 +184,8 @@ class LeapDecoder:
         if n and ranking is None:
             raise LeapDecodeError(
                 "draft_vocab needs a token ranking (draft_vocab.json) in the draft folder: "
-                "`leapdecode train draft` writes one; or pass draft_vocab=0"
+                "`leapdecode train draft` writes one; or pass draft_vocab=0",
+                field="draft_vocab",
             )
         if n == 0 or n >= self.target.vocab_size:
             self.draft.restrict_head(None)

@@ -52,14 +52,15 @@ FLAG_NAMES = {
 
 
 def _flagged(e: LeapDecodeError) -> str:
-    """The error's message with its field (e.field) named as the CLI's flag: in place where
-    the message names it (a whole word: not inside a path or a longer name), else after it."""
-    message = str(e)
+    """The error's message with the API's field names as the CLI's flags (whole names only,
+    not inside a path or a longer name), and the flag of its field (e.field, a table lookup)
+    after it where the message does not name it."""
+    names = "|".join(sorted(FLAG_NAMES, key=len, reverse=True))
+    message = re.sub(
+        r"(?<![\w/.-])(" + names + r")(?![\w/.-])", lambda m: FLAG_NAMES[m.group(1)], str(e)
+    )
     flag = FLAG_NAMES.get(e.field or "")
-    if flag is None:
-        return message
-    named = re.sub(r"(?<![\w/.-])" + re.escape(e.field) + r"(?![\w/.-])", flag, message)
-    return named if named != message else f"{message} ({flag})"
+    return message if flag is None or flag in message else f"{message} ({flag})"
 
 
 def build_parser() -> argparse.ArgumentParser:

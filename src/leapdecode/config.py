@@ -118,7 +118,9 @@ class SpecConfig:
         if not (_is_int(lo) and _is_int(hi) and 1 <= lo <= hi <= 32):
             raise LeapDecodeError(
                 f"n-gram sizes must satisfy 1 <= min ({lo!r}) <= max ({hi!r}) <= 32",
-                field="prompt_lookup_min",
+                field="prompt_lookup_min"
+                if not (_is_int(lo) and 1 <= lo <= 32)
+                else "prompt_lookup_max",
             )
         if not isinstance(self.use_tree_spec, bool):
             raise LeapDecodeError(
@@ -152,10 +154,19 @@ class SpecConfig:
             and 3 <= n <= 16
             and 0 <= g <= 32
         ):
+            bad = next(
+                name
+                for name, x, a, b in (
+                    ("lookahead_window", w, 1, 32),
+                    ("lookahead_ngram_size", n, 3, 16),
+                    ("lookahead_max_candidates", g, 0, 32),
+                )
+                if not (_is_int(x) and a <= x <= b)
+            )
             raise LeapDecodeError(
                 f"lookahead needs window 1..32, n-gram size 3..16 and candidates 0..32 "
                 f"(got W={w!r}, N={n!r}, G={g!r})",
-                field="lookahead_window",
+                field=bad,
             )
         if self.lookahead_nodes > MAX_K:
             raise LeapDecodeError(
@@ -168,7 +179,9 @@ class SpecConfig:
             raise LeapDecodeError(
                 f"eagle's tree needs speculative_num_steps and speculative_eagle_topk in 1..16 "
                 f"(got {steps!r}, {topk!r})",
-                field="speculative_num_steps",
+                field="speculative_num_steps"
+                if not (_is_int(steps) and 1 <= steps <= 16)
+                else "speculative_eagle_topk",
             )
         m = self.draft_min_prob
         if not isinstance(m, int | float) or isinstance(m, bool) or not 0 <= m < 1:

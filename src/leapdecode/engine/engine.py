@@ -104,7 +104,8 @@ def check_spec(spec, backend: str, has_draft: bool, heads) -> None:
         raise LeapDecodeError(
             f"{spec.method} with a draft tree needs tree attention, which the "
             f"{backend} backend lacks: use --backend native"
-            + ("" if spec.method == "lookahead" else " or drop use_tree_spec")
+            + ("" if spec.method == "lookahead" else " or drop use_tree_spec"),
+            field=None if spec.method == "lookahead" else "use_tree_spec",
         )
 
 
@@ -435,7 +436,7 @@ class Engine:
         counts = drafts.counts.tolist()
         self.last_step_ks = counts
         overhead_s = (t3 - t0) - (t2 - t1) - sum(propose_s.values())  # planning, verifying
-        packed = drafts.parents is None and self.target.packs_rows
+        packed = drafts.parents is None and self.target.last_packed  # ran without padding
         self.scheduler.observe(
             seqs, plan, counts, n_accepted, propose_s, t2 - t1, spans, overhead_s, packed
         )

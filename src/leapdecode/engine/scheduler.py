@@ -457,7 +457,7 @@ class Scheduler:
         best_g, best_plan = self._capped(sc)
         chains_only = sc.fixed_used <= set(CHAINS) and not any(s.spec.use_tree_spec for s in seqs)
         if self.target.packs_rows and len(seqs) > 1 and chains_only and sc.top:
-            packed = self._packed(sc)
+            packed = self._packed(sc, self.target.packs_rows - 1)
             if packed[0] > best_g:
                 best_g, best_plan = packed
         m, k = best_plan
@@ -605,20 +605,22 @@ class Scheduler:
         return best_g, best_plan
 
     @staticmethod
-    def _packed(sc: _Scoring) -> tuple[float, tuple[np.ndarray, np.ndarray]]:
+    def _packed(sc: _Scoring, most: int) -> tuple[float, tuple[np.ndarray, np.ndarray]]:
         """The best chains-only plan where the target packs rows (`CausalLM.packs_rows`): the
         verify forward then costs the step's real tokens, n + sum_i k_i, not the longest
         row's count n times, so a row's drafts are priced one by one. For a price p (of a
         draft token, in emitted tokens) each row takes the option maximising E(k) - 1 - p k:
         its first k positions whose chance of being reached and accepted beats p (a chain's
         r_1 ... r_j falls with j). Every price on a grid from 0 to 1 (and every draft-model
-        depth, as in the caps' search) is scored exactly; returns (goodput, (m, k))."""
+        depth, as in the caps' search) is scored exactly; a row drafts at most `most` tokens
+        (the longest row the target packs); returns (goodput, (m, k))."""
         kds = sc.kds
         chain = sc.gain.copy()  # [A, method, K+1]; heads' trees are not chains
         chain[:, list(HEAD_INDICES), 1:] = -np.inf
         with np.errstate(invalid="ignore"):  # -inf - -inf past a row's most
             marg = np.diff(chain, axis=2)  # [A, method, K] what each next draft adds
         marg = np.where(np.isfinite(marg), marg, -np.inf)
+        marg[:, :, most:] = -np.inf
         k = (marg[None] > PRICES[:, None, None, None]).sum(-1)  # [P, A, method] its first k
         ks = np.broadcast_to(k[None], (len(kds),) + k.shape).copy()  # [D, P, A, method]
         ks[:, :, :, DRAFT] = np.minimum(k[None, :, :, DRAFT], kds[:, None, None])

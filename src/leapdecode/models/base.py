@@ -54,10 +54,13 @@ class CausalLM(ABC):
     head_ids: torch.Tensor | None = None  # [V_sub] token ids the logits cover (None: all)
 
     @property
-    def packs_rows(self) -> bool:
-        """Whether `forward(..., counts=...)` skips the rows' padding, so that a step costs
-        its real tokens (the sum of the rows' counts), not rows x the longest."""
-        return False
+    def packs_rows(self) -> int:
+        """The most tokens a row may have for `forward(..., counts=...)` to skip the rows'
+        padding (a step then costs its real tokens, the sum of the rows' counts, not rows x
+        the longest); 0: never. `last_packed` says whether the last forward did."""
+        return 0
+
+    last_packed = False
 
     @property
     def reads_own_context(self) -> bool:

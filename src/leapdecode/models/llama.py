@@ -447,8 +447,12 @@ class NativeLlama(CausalLM):
         return self._run(tokens, slots, tree_mask, position_offsets, logits_at, hidden, counts)
 
     @property
-    def packs_rows(self) -> bool:
-        return self.compiled is not None and self.compiled.kernel
+    def packs_rows(self) -> int:
+        if self.compiled is None or not self.compiled.kernel:
+            return 0
+        from .compiled import MAX_TOKENS
+
+        return MAX_TOKENS
 
     @torch.inference_mode()
     def _run(
@@ -479,6 +483,7 @@ class NativeLlama(CausalLM):
         positions = (start[:, None] + offsets).clamp(max=self.max_context - 1)  # [B, T]
         p0 = int(start[0])
         same_start = batch == 1 or bool((start == p0).all())
+        self.last_packed = False
         if (
             counts is not None
             and self.packs_rows
@@ -489,6 +494,7 @@ class NativeLlama(CausalLM):
             and logits_at is None
             and bool((counts.cpu() < n_new).any())
         ):
+            self.last_packed = True
             return self._run_packed(tokens, slots_cpu, start, counts.cpu(), want)
         fresh = tree_mask is None and same_start and p0 == 0 and position_offsets is None
         if (
