@@ -26,7 +26,6 @@ from leapdecode import LeapDecoder
 from leapdecode.bench import workloads
 from leapdecode.bench.command import PROMPTS
 from leapdecode.config import SpecConfig
-from leapdecode.engine import scheduler
 from leapdecode.paths import resolve_models
 
 CONFIGS = {
@@ -45,8 +44,6 @@ CONFIGS = {
         num_speculative_tokens=4,
         num_speculative_tokens_per_batch_size=((1, 4), (2, 3), (4, 2), (8, 1), (16, 0)),
     ),
-    # auto with one acceptance estimate per method (no buckets by the kind of draft offered)
-    "auto-flat": dict(method="auto", num_speculative_tokens=4),
 }
 
 
@@ -69,9 +66,8 @@ def main() -> None:
     sets = workloads.load(PROMPTS)
     rows = [r for group in zip(*sets.values(), strict=False) for r in group]
     steps: list[dict] = []
-    bucket = scheduler._bucket
     packs_rows = type(eng.target).packs_rows
-    plan, decode, prefill = eng.scheduler.plan, eng._decode, eng._prefill
+    plan, decode, prefill = eng.planner.plan, eng._decode, eng._prefill
 
     def timed_plan(seqs):
         t = time.perf_counter()
@@ -96,15 +92,13 @@ def main() -> None:
         steps.append({"prefill_s": time.perf_counter() - t})
         return out
 
-    eng.scheduler.plan, eng._decode, eng._prefill = timed_plan, timed_decode, timed_prefill
+    eng.planner.plan, eng._decode, eng._prefill = timed_plan, timed_decode, timed_prefill
 
     def run(label: str, start: int) -> dict:
         # NAME-padded: NAME with every chain step padded to its longest row (packs_rows off)
         padded = label.endswith("-padded")
         type(eng.target).packs_rows = property(lambda m: 0) if padded else packs_rows
         spec = SpecConfig(**CONFIGS[label.removesuffix("-padded")])
-        # auto-flat: every draft scored with, and learning into, one bucket of its own
-        scheduler._bucket = (lambda *a: 100) if label == "auto-flat" else bucket
         todo, active = iter(range(args.requests)), []
 
         def submit():

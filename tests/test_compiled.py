@@ -126,7 +126,7 @@ def test_cost_model_profiles_the_compiled_path(compiled_decoder):
     real = getattr(compiled, name)
     setattr(compiled, name, lambda *a: calls.append(1) or real(*a))
     try:
-        compiled_decoder.engine.scheduler.ensure_cost_model()
+        compiled_decoder.engine.planner.ensure_cost_model()
     finally:
         setattr(compiled, name, real)
     assert calls and graphs() == before

@@ -89,11 +89,11 @@ def _plan(decoder, prompts, cost):
     for s in seqs:
         engine.add_request(s)
     engine.step()  # prefill: all are running now
-    old, engine.scheduler.cost = engine.scheduler.cost, cost
+    old, engine.planner.cost = engine.planner.cost, cost
     try:
-        return engine.scheduler.plan(seqs)
+        return engine.planner.plan(seqs)
     finally:
-        engine.scheduler.cost = old
+        engine.planner.cost = old
         for s in seqs:
             engine.abort(s.id)
 
@@ -112,7 +112,7 @@ def test_auto_scores_the_free_chains_it_did_not_draft(decoder):
     scored against the tokens the step emitted: hits up to the first miss, the positions
     past the emitted tokens untried."""
     seq = decoder.request([1, 2, 3, 4], method="auto", max_new_tokens=8)
-    sched = decoder.engine.scheduler
+    sched = decoder.engine.planner
     before = sched._global("ngram", 3).prior().rates.copy()  # the request's starting estimate
     chains = {"ngram": ([5, 6, 7, 8], 3), "suffix": ([5, 6], 2)}  # (chain, bucket)
     sched.shadow[seq.id] = (len(seq.tokens), chains)
@@ -129,9 +129,9 @@ def test_auto_scores_the_free_chains_it_did_not_draft(decoder):
 def test_draft_catch_up_is_charged_over_the_draft_steps_auto_takes(decoder, prompts):
     """auto learns how often it drafts with the draft model for rows the draft has fed:
     a prompt's catch-up is spread over that share of the steps a row has left."""
-    from leapdecode.engine import scheduler as sched_mod
+    from leapdecode.engine import planner as sched_mod
 
-    sched, draft = decoder.engine.scheduler, decoder.engine.proposers["draft"]
+    sched, draft = decoder.engine.planner, decoder.engine.proposers["draft"]
     seqs = [decoder.request(p, method="auto", k=4, max_new_tokens=8) for p in prompts[:3]]
     saved = sched.draft_share
     try:
@@ -207,7 +207,7 @@ def test_draft_catch_up_of_a_newcomer_beside_a_long_sequence(decoder):
 def test_acceptance_is_estimated_by_draft_position():
     """Copied spans are all-or-nothing: a draft that survives its first token tends to
     survive the rest. Estimates by position see it; one flat rate would not."""
-    from leapdecode.engine.scheduler import _Estimate
+    from leapdecode.engine.planner import _Estimate
 
     est = _Estimate.flat(0.5)
     for i in range(200):  # half the drafts fail at once, half are accepted whole
@@ -223,7 +223,7 @@ def test_the_global_estimate_is_a_running_mean_until_it_has_evidence():
     """Across requests a position's rate is the mean of its outcomes, the starting guess
     counting as GLOBAL_PSEUDO of them, until the EMA's weight takes over: a rarely tried
     deep position is not held near the guess (0.98^40 = 45% of it after 40 outcomes)."""
-    from leapdecode.engine.scheduler import GLOBAL_EMA, GLOBAL_PSEUDO, _Estimate
+    from leapdecode.engine.planner import GLOBAL_EMA, GLOBAL_PSEUDO, _Estimate
 
     est, ema = _Estimate.flat(0.5), _Estimate.flat(0.5)
     for i in range(40):  # position 1 accepted 3 times in 4, and then the rest always
@@ -275,7 +275,7 @@ def test_cost_model_learns_the_shape_of_the_served_costs():
 def test_auto_methods_limit_what_auto_picks(decoder, prompts):
     """auto_methods: auto chooses only from these (eagle is opt-in); bad values are a
     clear error."""
-    sched = decoder.engine.scheduler
+    sched = decoder.engine.planner
     with helpers.planned_methods(sched) as used:
         decoder.generate_batch([p * 3 for p in prompts[:4]], method="auto", k=4,
                                max_new_tokens=12, auto_methods=["suffix"])  # fmt: skip
@@ -299,7 +299,7 @@ def test_auto_methods_limit_what_auto_picks(decoder, prompts):
 def test_a_new_request_takes_the_deepest_evidence_for_depths_not_drafted_yet():
     """Fixed k = 2 requests teach positions 1-2 only; a new auto request's estimate for
     positions 3+ leans on position 2, not on the flat prior."""
-    from leapdecode.engine.scheduler import _Estimate
+    from leapdecode.engine.planner import _Estimate
 
     glob = _Estimate.flat(0.6)
     for i in range(300):
@@ -310,21 +310,25 @@ def test_a_new_request_takes_the_deepest_evidence_for_depths_not_drafted_yet():
 
 
 def test_auto_keeps_short_and_long_matches_apart(decoder):
-    """auto's estimates are kept by the kind of draft on offer (scheduler._bucket): misses of
+    """auto's estimates are kept by the kind of draft on offer (Offer.bucket): misses of
     the one-token suffix drafts it is offered where n-grams find nothing do not lower what
     it expects of a 16-token suffix match, nor the other way round."""
-    from leapdecode.engine.scheduler import PRIOR, _bucket
-
-    assert [_bucket("suffix", n) for n in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 3, 3, 4, 4, 5, 5]
-    assert _bucket("ngram", 3) == 3 and _bucket("draft", 0, 1) == 1
-    seq = decoder.request([1, 2, 3, 4], method="auto", max_new_tokens=8)
-    sched = decoder.engine.scheduler
+    proposers = decoder.engine.proposers
+    suffix = proposers["suffix"]
+    assert [suffix.bucket_at(n) for n in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 3, 3, 4, 4, 5, 5]
+    seq = decoder.request([5, 6, 7, 1, 2, 3, 4, 9, 1, 2, 3], method="auto", max_new_tokens=8)
+    proposers["ngram"].add([seq])
+    try:  # the n-gram offer's bucket: the size of the n-gram it matched
+        assert proposers["ngram"].offer(seq, 8).bucket == 3
+    finally:
+        proposers["ngram"].remove([seq])
+    sched = decoder.engine.planner
     long_before = sched._global("suffix", 5).rates.copy()
     for _ in range(5):
         sched.shadow[seq.id] = (len(seq.tokens), {"suffix": ([7], 1)})
         seq.append([9])
         sched._shadow_outcomes(seq, None)
-    assert sched.estimates[(seq.id, "suffix", 1)].rates[1] < PRIOR["suffix"] / 2
+    assert sched.estimates[(seq.id, "suffix", 1)].rates[1] < suffix.prior / 2
     assert (sched._global("suffix", 5).rates == long_before).all()
     assert (seq.id, "suffix", 5) not in sched.estimates
     sched.forget([seq])
@@ -380,10 +384,10 @@ def test_the_draft_cost_curve_is_draft_s_at_every_batch_size(batches, draft):
 
 def test_auto_alone_scores_every_plan_the_batch_search_does(decoder, prompts):
     """A request alone in the batch (C = 1) is planned one (method, k) at a time in plain
-    Python (Scheduler._auto_alone): under many acceptance estimates and cost models its plan
+    Python (Planner._auto_alone): under many acceptance estimates and cost models its plan
     is never worse, by the same goodput, than the vectorised search's for that batch."""
     rng = np.random.default_rng(0)
-    engine, sched = decoder.engine, decoder.engine.scheduler
+    engine, sched = decoder.engine, decoder.engine.planner
     seq = decoder.request(prompts[0] * 3, method="auto", k=4, max_new_tokens=16)
     engine.add_request(seq)
     engine.step()  # prefill
@@ -431,10 +435,10 @@ def test_packed_steps_price_each_rows_drafts_by_its_own_tokens(decoder, prompts,
     of every per-row (method, k) combination by the same goodput, under many acceptance
     estimates and cost models; and a row whose drafts are poor is not drafted to the long
     row's k, as a plan under one cap for every row would."""
-    from leapdecode.engine.scheduler import _Estimate
+    from leapdecode.engine.planner import _Estimate
 
     rng = np.random.default_rng(3)
-    sched = decoder.engine.scheduler
+    sched = decoder.engine.planner
     seqs = [decoder.request(p, method="auto", k=4, max_new_tokens=32) for p in prompts[:3]]
     monkeypatch.setattr(type(decoder.engine.target), "packs_rows", property(lambda m: 64))
     old, lim = sched.cost, 6

@@ -235,10 +235,13 @@ def test_auto_may_pick_the_heads_and_stays_lossless(dec, prompts, reference, hf_
     an eagle step costs as much as its 2-layer target, so here the head under test starts
     with a high acceptance prior (as if it had been good so far), the other with none, and
     eagle's head steps are free."""
-    sched = dec.engine.scheduler
-    from leapdecode.engine.scheduler import _Estimate
+    sched = dec.engine.planner
+    from leapdecode.engine.planner import _Estimate
 
-    monkeypatch.setattr(sched, "_eagle_s", lambda *a: 0.0)
+    propose_s = sched._propose_s
+    monkeypatch.setattr(
+        sched, "_propose_s", lambda c, m, s: 0.0 if m == "eagle" else propose_s(c, m, s)
+    )
     prior = {m: e.copy() for m, e in sched.global_rate.items()}
     sched.global_rate.update(
         {("medusa", 0): _Estimate.flat(0.0), ("eagle", 0): _Estimate.flat(0.0)}

@@ -8,17 +8,18 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from .config import MAX_K, METHODS, SEED_MAX, SamplingParams
+from .config import MAX_K, SEED_MAX, SamplingParams
 from .engine import Engine
 from .errors import LeapDecodeError
 from .frontend import Frontend, GenerationResult, TextStream, load_tokenizer
 from .models import CausalLM, load_model
 from .models.heads import beside, load_found, load_heads
 from .proposers.draft_model import read_vocab_ranking
+from .proposers.suffix import token_strings
 from .sequence import Sequence
 from .threads import set_threads
 
-__all__ = ["GenerationResult", "LeapDecoder", "MAX_K", "METHODS"]
+__all__ = ["GenerationResult", "LeapDecoder", "MAX_K"]
 
 
 def _eos_ids(path: str, config) -> frozenset[int]:
@@ -79,14 +80,13 @@ class LeapDecoder:
             suffix_decoding_max_cached_requests=suffix_decoding_max_cached_requests,
             medusa=self.speculators.get("medusa"),
             eagle=self.speculators.get("eagle"),
+            # each token's characters, for matching the text on them (without a tokenizer:
+            # tokens only)
+            token_strings=None
+            if tokenizer is None
+            else token_strings(tokenizer, target.vocab_size),
         )
         self.engine  # noqa: B018 - build it now: its settings are checked here
-        suffix = self.engine.proposers.get("suffix")
-        if suffix is not None and tokenizer is not None:  # each token's characters, for
-            # matching the text on them (without a tokenizer: tokens only)
-            from .proposers.suffix import token_strings
-
-            suffix.token_strings = token_strings(tokenizer, self.target.vocab_size)
         self.frontend = Frontend(
             tokenizer, self.eos_token_ids, target.vocab_size, target.max_context, self.engine.check
         )

@@ -245,7 +245,7 @@ def cmd_generate(args) -> int:
             file=sys.stderr,
             flush=True,
         )
-        decoder.engine.scheduler.ensure_cost_model()
+        decoder.engine.planner.ensure_cost_model()
     setting = {
         "none": "k=0",
         "lookahead": f"W{args.lookahead_window} N{args.lookahead_ngram_size} "

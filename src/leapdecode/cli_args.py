@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from .config import AUTO_CHOICES, AUTO_DEFAULT, METHODS
+from .proposers import registry
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -121,9 +121,9 @@ def add_draftless_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--auto-methods",
-        default=",".join(AUTO_DEFAULT),
+        default=",".join(registry.auto_default()),
         help="auto: the methods it chooses from each step, of "
-        f"{','.join(AUTO_CHOICES)} (default {','.join(AUTO_DEFAULT)}; "
+        f"{','.join(registry.auto_choices())} (default {','.join(registry.auto_default())}; "
         "the heads are opt-in: they need the target's hidden states every step)",
     )
 
@@ -155,7 +155,7 @@ def add_generation_args(p: argparse.ArgumentParser, method_default: str) -> None
     p.add_argument(
         "--method",
         default=method_default,
-        choices=list(METHODS),
+        choices=list(registry.names()),
         help=f"how to speculate (default {method_default}: plain decoding)",
     )
     p.add_argument("--k", type=int, default=4, help="draft tokens per step (default 4)")

@@ -8,15 +8,14 @@ Names follow vLLM's where it has one (`num_speculative_tokens`, `prompt_lookup_m
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from .errors import LeapDecodeError
+from .proposers import registry
 
-# Every method a request may ask for. `auto` picks, per sequence and per step, the method
-# and the number of draft tokens (0 included) that maximise the whole batch's goodput.
-METHODS = ("none", "draft", "ngram", "suffix", "lookahead", "medusa", "eagle", "auto")
-AUTO_CHOICES = ("ngram", "suffix", "draft", "medusa", "eagle")  # what auto can choose from
-AUTO_DEFAULT = ("ngram", "suffix", "draft")
+# The methods a request may ask for are the registry's (proposers/registry.py): `auto` picks,
+# per sequence and per step, the method and the number of draft tokens (0 included) that
+# maximise the whole batch's goodput.
 MAX_K = 64  # the most draft tokens a step may verify per sequence
 MAX_TOP_K = 1_000_000
 
@@ -65,7 +64,7 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class SpecConfig:
-    method: str = "none"  # none | draft | ngram | suffix | lookahead | medusa | eagle | auto
+    method: str = "none"  # none | ngram | suffix | draft | lookahead | medusa | eagle | auto
     num_speculative_tokens: int = 4  # k: draft tokens per step (auto: the most it may use)
     prompt_lookup_min: int = 2  # ngram: shortest n-gram to match
     prompt_lookup_max: int = 4  # ngram: longest n-gram to match
@@ -97,7 +96,7 @@ class SpecConfig:
     # EAGLE's head must run over its whole context before its first draft, costs paid whether
     # auto picks them or not (on the embedded pair: about 10% of auto's throughput at
     # concurrency 1 for Medusa, which it then never picked).
-    auto_methods: tuple[str, ...] = AUTO_DEFAULT
+    auto_methods: tuple[str, ...] = field(default_factory=registry.auto_default)
 
     def may_use(self, method: str) -> bool:
         """Whether a request with this config may draft with `method` (its own, or one of
@@ -105,9 +104,10 @@ class SpecConfig:
         return self.method == method or (self.method == "auto" and method in self.auto_methods)
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
+        if self.method not in registry.names():
             raise LeapDecodeError(
-                f"unknown method {self.method!r}: use one of {', '.join(METHODS)}", field="method"
+                f"unknown method {self.method!r}: use one of {', '.join(registry.names())}",
+                field="method",
             )
         k = self.num_speculative_tokens
         if not _is_int(k) or not 0 <= k <= MAX_K:
@@ -205,12 +205,13 @@ class SpecConfig:
         choices = self.auto_methods
         if isinstance(choices, str):
             choices = tuple(x.strip() for x in choices.split(",") if x.strip())
-        if not isinstance(choices, list | tuple) or any(c not in AUTO_CHOICES for c in choices):
+        allowed = registry.auto_choices()
+        if not isinstance(choices, list | tuple) or any(c not in allowed for c in choices):
             got = (
                 ", ".join(map(str, choices)) if isinstance(choices, list | tuple) else repr(choices)
             )
             raise LeapDecodeError(
-                f"auto_methods must be a list of {', '.join(AUTO_CHOICES)}, got {got}",
+                f"auto_methods must be a list of {', '.join(allowed)}, got {got}",
                 field="auto_methods",
             )
         object.__setattr__(self, "auto_methods", tuple(dict.fromkeys(choices)))

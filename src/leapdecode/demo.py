@@ -87,15 +87,15 @@ def make_fallback_pair(root: str = FALLBACK_DIR) -> tuple[str, str]:
 def parse_methods(names: str | None) -> list[str] | None:
     """--methods, checked before any model loads: `none` first (the baseline), then the
     speculative ones; None = the default set (see `_default_methods`)."""
-    from .config import METHODS
+    from .proposers import registry
 
     if names is None:
         return None
     wanted = [m.strip() for m in names.split(",") if m.strip()]
-    bad = [m for m in wanted if m not in METHODS]
+    bad = [m for m in wanted if m not in registry.names()]
     if bad or not wanted:
         raise LeapDecodeError(
-            f"--methods: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(METHODS)}"
+            f"--methods: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(registry.names())}"
         )
     if "auto" in wanted:
         raise LeapDecodeError(

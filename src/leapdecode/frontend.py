@@ -69,7 +69,7 @@ def _spec_from(method, k, ngram_min, ngram_max, draft_min_prob, spec_options) ->
 class Frontend:
     """tokenizer: the target's (None: token ids only); eos_token_ids: ids that end
     generation; vocab_size, max_context: the target's; check: refuses a SpecConfig the engine
-    cannot run (Engine.check, or engine.check_spec with the engine's capabilities)."""
+    cannot run (Engine.check, or registry.check with the engine's capabilities)."""
 
     def __init__(
         self,

@@ -36,7 +36,7 @@ class Sequence:
     generator: torch.Generator = field(default_factory=torch.Generator)
     draft_generator: torch.Generator = field(default_factory=torch.Generator)
     spec: SpecConfig = field(default_factory=SpecConfig)
-    slot: int = -1  # row in every KV cache, given by the scheduler
+    slot: int = -1  # row in every KV cache, given by the engine
     stats: RequestStats = field(default_factory=RequestStats)
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "abort"

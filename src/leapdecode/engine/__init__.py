@@ -2,6 +2,6 @@
 
 from .cost_model import CostModel
 from .engine import Engine
-from .scheduler import Scheduler
+from .planner import Planner
 
-__all__ = ["CostModel", "Engine", "Scheduler"]
+__all__ = ["CostModel", "Engine", "Planner"]

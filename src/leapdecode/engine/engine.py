@@ -5,7 +5,7 @@
     step()             admit waiting requests into free KV slots and prefill them; then one
                        propose -> verify -> accept round for every running sequence
 
-Every running sequence gets its own method and k each step (0 allowed) from the scheduler
+Every running sequence gets its own method and k each step (0 allowed) from the planner
 (`auto` picks them to maximise the batch's goodput). Drafts of different proposers are
 merged into one ragged batch and verified in one target forward.
 
@@ -27,22 +27,13 @@ import torch
 from ..config import MAX_K
 from ..errors import LeapDecodeError
 from ..models.base import CausalLM, HiddenRequest
-from ..proposers import (
-    DraftModelProposer,
-    Drafts,
-    EagleProposer,
-    LookaheadProposer,
-    MedusaProposer,
-    NgramProposer,
-    NoProposer,
-    Proposer,
-    SuffixProposer,
-)
+from ..proposers import registry
+from ..proposers.base import Drafts, Parts, Proposer
 from ..sequence import Sequence, pad_right
 from ..tree import ancestor_mask, depths
 from ..verify import accept_batch
 from .cost_model import CostModel
-from .scheduler import Scheduler
+from .planner import Planner
 
 PREFILL_PADDING = 0.25  # a prefill forward's padding may be at most this share of its real tokens
 PREFILL_PAD_ROWS = 64  # ... or this many rows (cheaper than another forward's fixed cost)
@@ -76,39 +67,6 @@ def length_groups(
     return groups
 
 
-HEADS = ("medusa", "eagle")  # proposers trained on the target
-
-
-def check_spec(spec, backend: str, has_draft: bool, heads) -> None:
-    """Refuse a request an engine with these capabilities (Engine.capabilities) cannot run."""
-    if spec.method == "draft" and not has_draft:
-        raise LeapDecodeError("method 'draft' needs a draft model: pass --draft PATH")
-    if spec.method in HEADS and backend != "native":  # the reason, not a hint
-        raise LeapDecodeError(
-            f"{spec.method} needs the target's hidden states and tree attention, which the "
-            f"{backend} backend lacks: use --backend native"
-        )
-    if spec.method in HEADS and spec.method not in heads:
-        loaded = [h for h in HEADS if h in heads]
-        what = {"medusa": "Medusa heads", "eagle": "an EAGLE head"}[spec.method]
-        raise LeapDecodeError(
-            f"method {spec.method!r} needs {what}, and none is loaded"
-            + (f" (only {' and '.join(loaded)})" if loaded else "")
-            + f": pass --speculator PATH to a folder `leapdecode train {spec.method}` "
-            f"wrote (or put it beside the target as <target>-{spec.method})"
-        )
-    tree = spec.method in ("lookahead", "medusa", "eagle") or (
-        spec.use_tree_spec and (spec.may_use("ngram") or spec.may_use("suffix"))
-    )
-    if tree and backend != "native":
-        raise LeapDecodeError(
-            f"{spec.method} with a draft tree needs tree attention, which the "
-            f"{backend} backend lacks: use --backend native"
-            + ("" if spec.method == "lookahead" else " or drop use_tree_spec"),
-            field=None if spec.method == "lookahead" else "use_tree_spec",
-        )
-
-
 class Engine:
     def __init__(
         self,
@@ -120,7 +78,11 @@ class Engine:
         suffix_decoding_max_cached_requests: int = 10_000,
         medusa=None,
         eagle=None,
+        token_strings: list[str] | None = None,
     ) -> None:
+        """target, draft: the models; medusa, eagle: heads trained on the target;
+        token_strings: each token's text (the suffix method matches characters with it).
+        Every registered method whose proposer can run on these is built (registry.py)."""
         if max_num_seqs < 1:
             raise LeapDecodeError("max_num_seqs must be >= 1", field="max_num_seqs")
         self.target = target
@@ -142,23 +104,24 @@ class Engine:
                 "suffix_decoding_max_cached_requests must be an integer >= 0 (0: no global tree)",
                 field="suffix_decoding_max_cached_requests",
             )
-        self.proposers: dict[str, Proposer] = {
-            "none": NoProposer(),
-            "ngram": NgramProposer(),
-            "suffix": SuffixProposer(
-                suffix_decoding_max_tree_depth, suffix_decoding_max_cached_requests
-            ),
-            "lookahead": LookaheadProposer(),
-        }
-        if draft is not None:
-            self.proposers["draft"] = DraftModelProposer(draft, target.vocab_size)
-        if medusa is not None:
-            self.proposers["medusa"] = MedusaProposer(medusa, target)
-        if eagle is not None:
-            self.proposers["eagle"] = EagleProposer(eagle, target)
+        parts = Parts(
+            target,
+            draft,
+            medusa,
+            eagle,
+            suffix_decoding_max_tree_depth,
+            suffix_decoding_max_cached_requests,
+            token_strings,
+        )
+        self.proposers: dict[str, Proposer] = {}
+        for name in registry.names()[:-1]:  # all but auto
+            built = registry.get(name).proposer_class().build(parts)
+            if built is not None:
+                built.name = name
+                self.proposers[name] = built
         self.draft = draft
         self.metrics = metrics
-        self.scheduler = Scheduler(self.proposers, target, self._profile_costs)
+        self.planner = Planner(self.proposers, target, self._profile_costs)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.free_slots: list[int] = list(range(max_num_seqs))
@@ -195,14 +158,13 @@ class Engine:
         return compile_model(self.max_num_seqs, want.layers)
 
     def capabilities(self) -> dict:
-        """What `check_spec` needs to know of this engine (the server's HTTP process checks
-        requests with it, away from the models)."""
-        heads = [h for h in HEADS if h in self.proposers]
-        return {"backend": self.target.name, "has_draft": self.draft is not None, "heads": heads}
+        """What `registry.check` needs to know of this engine (the server's HTTP process
+        checks requests with it, away from the models)."""
+        return {"backend": self.target.name, "loaded": list(self.proposers)}
 
     def check(self, spec) -> None:
         """Refuse a request this engine cannot run (before it is queued)."""
-        check_spec(spec, **self.capabilities())
+        registry.check(spec, **self.capabilities())
 
     def add_request(self, seq: Sequence) -> None:
         self.check(seq.spec)
@@ -230,11 +192,11 @@ class Engine:
         """One engine step; returns (sequence, tokens it gained) for every sequence touched.
         A finished sequence (seq.finished) has left the engine when this returns."""
         if (
-            self.scheduler.cost is None
+            self.planner.cost is None
             and not self.running
             and any(s.spec.method == "auto" for s in self.waiting)
         ):
-            self.scheduler.ensure_cost_model()  # needs empty caches: profile while idle
+            self.planner.ensure_cost_model()  # needs empty caches: profile while idle
         t0 = time.perf_counter()
         self.last_step_ks = []
         admitted = self._admit()
@@ -272,7 +234,7 @@ class Engine:
             self.running.remove(seq)
             self.free_slots.append(seq.slot)
         self.free_slots.sort()
-        self.scheduler.forget(done)
+        self.planner.forget(done)
 
     def _slots(self, seqs: list[Sequence]) -> torch.Tensor:
         return torch.tensor([s.slot for s in seqs], dtype=torch.long)
@@ -351,7 +313,7 @@ class Engine:
         row's last token and drafts, accept (verify.py), roll the caches back to what was
         accepted, and commit the new tokens."""
         t0 = time.perf_counter()
-        plan = self.scheduler.plan(seqs)  # [(method, k)] per sequence
+        plan = self.planner.plan(seqs)  # [(method, k)] per sequence
         groups, drafts, propose_s = self._propose(seqs, plan)
         t1 = time.perf_counter()
         slots, want = self._slots(seqs), self._wanted(seqs)
@@ -430,14 +392,14 @@ class Engine:
             proposer.accepted(group, [n_accepted[i] for i in rows])
 
     def _record(self, seqs, plan, drafts: Drafts, n_accepted, propose_s, spans, times) -> None:
-        """The step's figures: each sequence's stats, and what the scheduler learns from
+        """The step's figures: each sequence's stats, and what the planner learns from
         (acceptance, the forward's time, the step's overhead outside forward and proposals)."""
         t0, t1, t2, t3 = times
         counts = drafts.counts.tolist()
         self.last_step_ks = counts
         overhead_s = (t3 - t0) - (t2 - t1) - sum(propose_s.values())  # planning, verifying
         packed = drafts.parents is None and self.target.last_packed  # ran without padding
-        self.scheduler.observe(
+        self.planner.observe(
             seqs, plan, counts, n_accepted, propose_s, t2 - t1, spans, overhead_s, packed
         )
         for i, s in enumerate(seqs):

@@ -196,12 +196,11 @@ class SuffixProposer(_Custom):
                 "suffix_decoding_max_tree_depth must be >= 1 and "
                 "suffix_decoding_max_cached_requests >= 0"
             )
-        proposer = _Suffix(max_depth=depth, max_cached_requests=cached)
         vocab = model_cfg.get_vocab_size() if hasattr(model_cfg, "get_vocab_size") else 0
-        proposer.token_strings = load_token_strings(
+        strings = load_token_strings(
             getattr(model_cfg, "tokenizer", None) or model_cfg.model, vocab
         )
-        return proposer
+        return _Suffix(max_depth=depth, max_cached_requests=cached, token_strings=strings)
 
 
 class NgramProposer(_Custom):

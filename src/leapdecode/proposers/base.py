@@ -10,6 +10,14 @@ Lifecycle (the engine calls these at step boundaries):
                      for proposers that declare `wants_hidden` (medusa, eagle)
     remove(seqs)     a request finished or was aborted; free what is held for it
 
+What `auto`'s planner asks of a proposer (engine/planner.py), without knowing which it is:
+    offer(seq, budget)  what it could draft for seq now (an `Offer`, or None)
+    span(seq, k)        the longest run a draft of k tokens can have accepted (a tree's depth)
+    unseen(seq)         tokens it must feed before it can draft for seq (a catch-up)
+guess_layers(seqs)  a proposal's cost before it is measured
+and the class attributes below (prior, sizing, costs, stochastic, walks).
+An engine builds each registered method's proposer with `build(parts)`.
+
 Shared state (a draft model, its weights and head) is configured once, never per request;
 per-request options travel in `seq.spec`.
 """
@@ -21,9 +29,43 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.base import HiddenRequest
+from ..models.base import CausalLM, HiddenRequest
 from ..sequence import Sequence, pad_right
 from ..tree import chain_parents
+
+# auto's budget for drafts that cost nothing to make (n-grams, suffix tries): up to twice a
+# request's k and at least 16 tokens; the planner prices each verified row
+FREE_SIZING = (2, 16)
+# a trained head's deterministic tree: up to four times a request's k nodes
+HEAD_SIZING = (4, 0)
+
+
+@dataclass
+class Parts:
+    """What an engine has loaded that proposers are built from (`Proposer.build` takes what
+    it needs and returns None where something it needs is missing)."""
+
+    target: CausalLM
+    draft: CausalLM | None = None
+    medusa: object | None = None  # models.medusa.MedusaHeads
+    eagle: object | None = None  # models.eagle.Eagle3Head
+    suffix_max_depth: int = 24  # the suffix tries' longest counted substring
+    suffix_max_cached: int = 10_000  # finished requests the global suffix trie keeps
+    token_strings: list[str] | None = None  # each token's text (character matching)
+
+
+@dataclass
+class Offer:
+    """What a proposer could draft for one sequence now (`Proposer.offer`); the planner
+    scores it with the acceptance it has learnt for (method, bucket)."""
+
+    most: int  # draft tokens (tree nodes) it can give, > 0
+    depth: int | None = None  # None: a chain, any k <= most; else a tree of `most` nodes
+    # whose accepted run is at most `depth`
+    bucket: int = 0  # which of the method's acceptance estimates scores it
+    chain: list[int] | None = None  # the chain it made, if made already: scored against
+    # what the step emits when the planner does not draft it (so a method left aside can
+    # still be found to match again)
 
 
 @dataclass
@@ -99,6 +141,43 @@ class Drafts:
 
 class Proposer(ABC):
     name: str = "none"
+    # What auto's planner reads (engine/planner.py):
+    prior: float | None = None  # a draft token's acceptance before any is seen; None:
+    # auto does not plan it and its acceptance is not learnt
+    sizing = (1, 0)  # auto offers it budget min(MAX_K, max(a k, b), room) for a request's k
+    costs = "proposal"  # "proposal": one measured proposal a step, whatever its rows;
+    # "forwards": a model forward per draft token, shared by its rows, and a catch-up of the
+    # tokens it has not seen (unseen)
+    stochastic = False  # drafts sampled from a distribution (seeded sampled requests keep
+    # to deterministic drafts, whose outcome does not depend on what auto chose)
+    walks = False  # its offer costs real time: skipped where a free chain offered in full
+    # is worth at least its best
+
+    @classmethod
+    def build(cls, parts: Parts) -> Proposer | None:
+        """This method's proposer from what the engine loaded (None: it cannot run here)."""
+        return cls()
+
+    def offer(self, seq: Sequence, budget: int) -> Offer | None:
+        """What it could draft for seq now, up to `budget` tokens (None: nothing)."""
+        return None
+
+    def span(self, seq: Sequence, k: int) -> int:
+        """The longest run a draft of k tokens (tree nodes) from it can have accepted."""
+        return k
+
+    def unseen(self, seq: Sequence) -> int:
+        """Tokens of seq it must feed before it can draft (0: none)."""
+        return 0
+
+    def guess_layers(self, seqs: list[Sequence]) -> float:
+        """A proposal's cost for seqs before it has been measured, in target layers' worth
+        of a one-row decode step (0: about free)."""
+        return 0.0
+
+    def bucket_at(self, most: int) -> int:
+        """The bucket of an offer of `most` tokens (where the bucket is the draft's length)."""
+        return 0
 
     def add(self, seqs: list[Sequence]) -> None:
         """New requests (fresh slots); start their per-request state."""

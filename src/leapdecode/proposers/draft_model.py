@@ -17,7 +17,7 @@ import torch
 from ..models.base import CausalLM
 from ..sampling import process_rows, sample_from
 from ..sequence import Sequence, pad_right
-from .base import Drafts, Proposer
+from .base import Drafts, Offer, Parts, Proposer
 
 VOCAB_FILE = "draft_vocab.json"  # {"ranked_token_ids": [...], "recommended": N, "source": ...}
 
@@ -79,12 +79,26 @@ class DraftModelProposer(Proposer):
     """
 
     name = "draft"
+    prior = 0.6
+    costs = "forwards"
+    stochastic = True
 
     def __init__(self, model: CausalLM, target_vocab_size: int) -> None:
         self.model = model
         self.vocab = target_vocab_size
         self.fed: dict[int, int] = {}  # tokens of seq.tokens in the draft cache
         self.fed_drafts: dict[int, int] = {}  # drafts in the cache after them
+
+    @classmethod
+    def build(cls, parts: Parts) -> DraftModelProposer | None:
+        return None if parts.draft is None else cls(parts.draft, parts.target.vocab_size)
+
+    def offer(self, seq: Sequence, budget: int) -> Offer | None:
+        return Offer(budget) if budget > 0 else None
+
+    def unseen(self, seq: Sequence) -> int:
+        """Its prompt (fed lazily) and what other methods accepted since it last drafted."""
+        return len(seq.tokens) - self.fed.get(seq.id, 0)
 
     def _slots(self, seqs: list[Sequence]) -> torch.Tensor:
         return torch.tensor([s.slot for s in seqs], dtype=torch.long)

@@ -28,13 +28,15 @@ import torch
 from ..models.base import CausalLM, HiddenRequest
 from ..models.eagle import Eagle3Head
 from ..sequence import Sequence, pad_right
-from .base import Drafts, Proposer
+from .base import HEAD_SIZING, Drafts, Offer, Parts, Proposer
 
 BACKLOG = 256  # pending pairs past which a sequence's features are fed without a proposal
 
 
 class EagleProposer(Proposer):
     name = "eagle"
+    prior = 0.6
+    sizing = HEAD_SIZING
 
     def __init__(self, head: Eagle3Head, target: CausalLM) -> None:
         self.head = head.to(device=target.device, dtype=torch.float32).eval()
@@ -99,6 +101,25 @@ class EagleProposer(Proposer):
             self.pending.pop(s.id, None)
             self.n_pending.pop(s.id, None)
             self.root.pop(s.id, None)
+
+    @classmethod
+    def build(cls, parts: Parts) -> EagleProposer | None:
+        return None if parts.eagle is None else cls(parts.eagle, parts.target)
+
+    def offer(self, seq: Sequence, budget: int) -> Offer | None:
+        """A tree of `budget` nodes grown `speculative_num_steps` deep, once its features
+        have arrived."""
+        if budget < 1 or not self.ready(seq):
+            return None
+        return Offer(budget, depth=self.span(seq, budget))
+
+    def span(self, seq: Sequence, k: int) -> int:
+        return min(k, seq.spec.speculative_num_steps)
+
+    def guess_layers(self, seqs: list[Sequence]) -> float:
+        """A head step per depth, each about two target layers (a layer, plus its head and
+        the tree's upkeep)."""
+        return 2.0 * max(s.spec.speculative_num_steps for s in seqs)
 
     def ready(self, seq: Sequence) -> bool:
         """Whether `seq` can be drafted for now (its features have arrived)."""

@@ -14,12 +14,14 @@ import torch
 from ..models.base import CausalLM, HiddenRequest
 from ..models.medusa import MedusaHeads, tree_layout
 from ..sequence import Sequence
-from .base import Drafts, Proposer
+from .base import HEAD_SIZING, Drafts, Offer, Parts, Proposer
 
 
 class MedusaProposer(Proposer):
     name = "medusa"
     wants_hidden = HiddenRequest(final=True)
+    prior = 0.5
+    sizing = HEAD_SIZING
 
     def __init__(self, heads: MedusaHeads, target: CausalLM) -> None:
         self.heads = heads.to(device=target.device, dtype=torch.float32)
@@ -36,6 +38,17 @@ class MedusaProposer(Proposer):
         for s, f in zip(seqs, final, strict=True):
             if f is not None and len(f) and s.spec.may_use(self.name):
                 self.last[s.id] = f[-1].clone()  # not a view keeping the prefill's states
+
+    @classmethod
+    def build(cls, parts: Parts) -> MedusaProposer | None:
+        return None if parts.medusa is None else cls(parts.medusa, parts.target)
+
+    def offer(self, seq: Sequence, budget: int) -> Offer | None:
+        """Its static tree's first `budget` nodes, once the target's state has arrived."""
+        return Offer(budget, depth=self.depth(budget)) if budget > 0 and self.ready(seq) else None
+
+    def span(self, seq: Sequence, k: int) -> int:
+        return self.depth(k)
 
     def ready(self, seq: Sequence) -> bool:
         return seq.id in self.last

@@ -18,7 +18,7 @@ them is still accepted.
 from __future__ import annotations
 
 from ..sequence import Sequence
-from .base import Drafts, Proposer
+from .base import FREE_SIZING, Drafts, Offer, Proposer
 
 
 class NgramIndex:
@@ -117,9 +117,16 @@ class NgramProposer(Proposer):
     (`prompt_lookup_min` / `prompt_lookup_max`)."""
 
     name = "ngram"
+    prior = 0.5
+    sizing = FREE_SIZING
 
     def __init__(self) -> None:
         self.index: dict[int, NgramIndex] = {}
+
+    def offer(self, seq: Sequence, budget: int) -> Offer | None:
+        """The chain prompt lookup finds, scored by the size of the n-gram it matched."""
+        chain, n = self.match(seq, budget)
+        return Offer(len(chain), bucket=n, chain=chain) if chain else None
 
     def add(self, seqs: list[Sequence]) -> None:
         for seq in seqs:

@@ -31,7 +31,7 @@ import itertools
 from collections import OrderedDict, deque
 
 from ..sequence import Sequence
-from .base import Drafts, Proposer
+from .base import FREE_SIZING, Drafts, Offer, Parts, Proposer
 from .char_lookup import CharIndex
 
 
@@ -269,8 +269,16 @@ class SuffixProposer(Proposer):
     once; each request's SpecConfig gives max_spec_factor, min_token_prob and tree mode."""
 
     name = "suffix"
+    prior = 0.5
+    sizing = FREE_SIZING
+    walks = True  # a trie walk: about a millisecond
 
-    def __init__(self, max_depth: int = 24, max_cached_requests: int = 10_000) -> None:
+    def __init__(
+        self,
+        max_depth: int = 24,
+        max_cached_requests: int = 10_000,
+        token_strings: list[str] | None = None,
+    ) -> None:
         self.max_depth = max_depth
         self.max_cached = max_cached_requests
         self.local: dict[int, SuffixTree] = {}
@@ -278,9 +286,9 @@ class SuffixProposer(Proposer):
         self.global_tree = SuffixTree(max_depth)
         self.global_order: OrderedDict = OrderedDict()  # FIFO of cached requests' ids
         self.memo: dict = {}  # sequence id -> (its length, k, draft) of its last speculation
-        # Each token's characters (LeapDecoder sets them from the tokenizer): with them a
-        # request's text is also matched on characters (char_lookup.py).
-        self.token_strings: list[str] | None = None
+        # Each token's characters (from the tokenizer): with them a request's text is also
+        # matched on characters (char_lookup.py); None: tokens only.
+        self.token_strings = token_strings
         self.chars: dict[int, CharIndex] = {}
         self.clock = itertools.count()
         # While frozen (the sequential benchmark), running requests do not enter the global
@@ -304,6 +312,23 @@ class SuffixProposer(Proposer):
             self.synced[seq.id] = seq.prompt_len  # the global tree holds outputs only
             if self.max_cached > 0 and not self.frozen:
                 self._cache(seq.id)
+
+    @classmethod
+    def build(cls, parts: Parts) -> SuffixProposer:
+        return cls(parts.suffix_max_depth, parts.suffix_max_cached, parts.token_strings)
+
+    def offer(self, seq: Sequence, budget: int) -> Offer | None:
+        """Its best draft now, scored by its length (`bucket_at`); a chain is kept to be
+        scored against what the step emits, should the planner not draft it."""
+        tokens, parents, _ = self.speculate(seq, budget)
+        if not tokens:
+            return None
+        chain = tokens if parents == list(range(len(tokens))) else None
+        return Offer(len(tokens), bucket=self.bucket_at(len(tokens)), chain=chain)
+
+    def bucket_at(self, most: int) -> int:
+        """1, 2, 3-4, 5-8, 9+ (a draft's length: the match length caps it)."""
+        return most if most <= 2 else 3 if most <= 4 else 4 if most <= 8 else 5
 
     def _sync(self, seq: Sequence) -> None:
         """Bring the request's own trie (prompt and output) and, if it is cached, the

@@ -7,8 +7,9 @@ import os
 from functools import partial
 
 from ..cli_args import add_draftless_args, engine_options, spec_options
-from ..config import MAX_K, METHODS, SpecConfig, parse_k_table
+from ..config import MAX_K, SpecConfig, parse_k_table
 from ..errors import LeapDecodeError
+from ..proposers import registry
 
 
 def add_parser(sub, model_args) -> None:
@@ -26,7 +27,7 @@ def add_parser(sub, model_args) -> None:
     p.add_argument(
         "--speculation",
         default="auto",
-        choices=list(METHODS),
+        choices=list(registry.names()),
         help="the default method (a request may override it; default auto)",
     )
     p.add_argument(
@@ -156,7 +157,6 @@ def cmd_serve(args) -> int:
     import torch
     import uvicorn
 
-    from ..engine.engine import check_spec
     from ..frontend import Frontend, load_tokenizer
     from ..threads import resolve_threads
     from .app import Server, create_app
@@ -190,7 +190,7 @@ def cmd_serve(args) -> int:
         info["eos_token_ids"],
         info["vocab_size"],
         info["max_context"],
-        partial(check_spec, **info["capabilities"]),
+        partial(registry.check, **info["capabilities"]),
     )
     app = create_app(engine, frontend, spec, name, args.api_key)
     where = f"[{args.host}]" if ":" in args.host else args.host or "0.0.0.0"

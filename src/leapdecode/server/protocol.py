@@ -12,8 +12,9 @@ import json
 import math
 from dataclasses import dataclass
 
-from ..config import MAX_K, METHODS, parse_k_table, spec_field_names
+from ..config import MAX_K, parse_k_table, spec_field_names
 from ..errors import LeapDecodeError
+from ..proposers import registry
 
 
 class APIError(Exception):
@@ -148,9 +149,9 @@ def _speculation(spec) -> tuple:
             "invalid_type",
         )
     method = spec.get("method")
-    if method is not None and method not in METHODS:
+    if method is not None and method not in registry.names():
         raise bad(
-            f"unknown speculation method {method!r}: use one of {', '.join(METHODS)}",
+            f"unknown speculation method {method!r}: use one of {', '.join(registry.names())}",
             "speculation.method",
         )
     k = _number(spec, "num_speculative_tokens", None, lo=0, hi=MAX_K, integer=True)

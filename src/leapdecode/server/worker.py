@@ -90,7 +90,7 @@ def engine_main(options: dict, inbox, outbox) -> None:
         engine.metrics = metrics
         engine.allocate()
         if spec.method == "auto":
-            engine.scheduler.ensure_cost_model()  # profile the step costs before any request
+            engine.planner.ensure_cost_model()  # profile the step costs before any request
     except LeapDecodeError as e:
         result = ("failed", str(e))
     except Exception as e:  # noqa: BLE001 - said in one line by the HTTP process

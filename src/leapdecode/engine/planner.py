@@ -1,4 +1,8 @@
-"""Which method and how many draft tokens each running sequence gets this step.
+"""The planner: which method and how many draft tokens each running sequence gets this step.
+
+It is given the proposers (by method name) and the target whose steps it plans, never the
+engine, and knows no method by name: it asks each proposer what it can `offer` a sequence
+and reads the traits the proposer declares (proposers/base.py) and the registry's.
 
 Fixed methods take their configured k (never past what the sequence may still emit).
 `auto` plans the whole batch at once, each step, because verifying one request's drafts is
@@ -8,7 +12,7 @@ expected to emit over what it costs,
     goodput = sum_i E_i(k_i) / (overhead + verify_s(B, R, L) + draft forwards + proposals)
 
 where E_i(k) = 1 + r_1 + r_1 r_2 + ... + r_1 ... r_k, r_j being the running estimate (per
-request, method and kind of draft on offer, `_bucket`) that draft position j is accepted
+request, method and kind of draft on offer, `Offer.bucket`) that draft position j is accepted
 once 1..j-1 were; R is the step's forward rows (each row padded to the longest draft, or,
 where the target packs rows, its own), L the context that prices it; the costs come from
 `CostModel`. Trained heads (medusa, eagle) are options too: a tree worth E over its depth.
@@ -23,54 +27,30 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import AUTO_CHOICES, MAX_K
+from ..config import MAX_K
 from ..models.base import CausalLM
+from ..proposers import registry
+from ..proposers.base import Offer, Proposer
 from ..sequence import Sequence
 from .cost_model import CostModel
 
-# acceptance before anything is observed (per draft token; per tree depth for the heads)
-PRIOR = {"draft": 0.6, "ngram": 0.5, "suffix": 0.5, "medusa": 0.5, "eagle": 0.6}
-# what auto chooses from (draft, medusa, eagle: when loaded; SpecConfig.auto_methods says
-# which a request allows)
-AUTO_METHODS = AUTO_CHOICES
-DRAFT = AUTO_METHODS.index("draft")
-HEAD_INDICES = (AUTO_METHODS.index("medusa"), AUTO_METHODS.index("eagle"))  # on the method axis
-CHAINS = ("ngram", "suffix", "draft")  # methods whose drafts are chains (auto's; fixed rows')
 # the prices of a draft token (in emitted tokens) whose plans `_packed` scores
 PRICES = np.concatenate([[0.0], np.geomspace(0.02, 1.0, 23)])
-HEAD_TREE = 4  # auto's medusa / eagle tree: this many times the request's k nodes (<= 64)
-# auto's n-gram / suffix drafts: up to this many times k, and at least FREE_MIN tokens; they
-# cost nothing to make, and the goodput choice prices each verified row
-FREE_FACTOR, FREE_MIN = 2, 16
 EMA = 0.15  # weight of one new draft outcome in a sequence's acceptance estimate
 GLOBAL_EMA = 0.02  # the same across requests (the prior of the next request)
-# ... whose starting guess (PRIOR) counts as this many outcomes: until a position has seen
+# ... whose starting guess (Proposer.prior) counts as this many outcomes: until a position has seen
 # about 1 / GLOBAL_EMA outcomes its rate is their running mean, not an EMA that still
 # weighs the guess (0.98^49 = 37% after 49 outcomes: deep positions, rarely tried, stayed
 # near 0.5 where 0.9 was measured, and auto undervalued long drafts of 2- and 3-gram matches)
 GLOBAL_PSEUDO = 4
 PSEUDO = 20  # outcomes at a draft position before its own rate outweighs the one before it
-# A draft catch-up (a prompt, or what other methods accepted) is paid once and serves the
-# row's later draft steps, so it is charged over the draft steps the row is expected to take:
+# A draft model's catch-up (a prompt, or what other methods accepted; Proposer.unseen) is paid
+# once and serves the row's later draft steps, so it is charged over the draft steps the row is expected to take:
 # the steps it has left (about two tokens a step) x the share of steps auto has drafted with
 # the draft model for rows it had already fed (learnt: on text that n-grams copy, the draft
 # is picked on few steps, and a 2000-token prompt fed for two draft steps cost more than it
 # brought).
 DRAFT_SHARE_PRIOR, DRAFT_SHARE_EMA = 0.5, 0.02
-
-
-def _bucket(method: str, offered: int, context: int = 0) -> int:
-    """Which of a method's estimates a draft is scored with (and learns into). ngram: the
-    size of the n-gram it matched (offered); suffix: its length, 1, 2, 3-4, 5-8, 9+ (the
-    match length caps it); draft: whether a free chain was on offer too (context: 1 or 0),
-    as where n-grams copy the text the draft model tends to copy it too; the heads: one."""
-    if method == "ngram":
-        return offered
-    if method == "suffix":
-        return offered if offered <= 2 else 3 if offered <= 4 else 4 if offered <= 8 else 5
-    if method == "draft":
-        return context
-    return 0
 
 
 def _context(seqs: list[Sequence], own: bool) -> int:
@@ -134,13 +114,13 @@ class _Estimate:
 
 @dataclass
 class _Scoring:
-    """What every plan of one step is scored with (`Scheduler._scoring`): the rows of fixed
+    """What every plan of one step is scored with (`Planner._scoring`): the rows of fixed
     methods' share, each auto row's gains, and the costs on the grids the plans index."""
 
     n: int  # rows in the step
     top: int  # the most drafts any auto row is offered
     cost: CostModel
-    gain: np.ndarray  # [A, method, K+1] expected accepted drafts (see Scheduler._gains)
+    gain: np.ndarray  # [A, method, K+1] expected accepted drafts (see Planner._gains)
     fixed_tokens: float  # the step's expected tokens from every row but auto's drafts
     fixed_k: int  # the longest fixed row's k
     fixed_rows: int  # rows plus the fixed rows' drafts (a packed step's tokens before auto's)
@@ -151,8 +131,11 @@ class _Scoring:
     verify: np.ndarray  # [R + 1] the verify forward's seconds by forward rows
     draft_fwd: np.ndarray  # [A + 1] one draft forward's seconds by auto draft rows
     catch: np.ndarray  # [A] each auto row's draft catch-up share
-    propose: dict[str, float]  # seconds of one proposal by each draftless / head method
+    propose: dict[str, float]  # seconds of one proposal by each method but the draft model's
     kds: np.ndarray  # [D] the draft-model depths scored
+    methods: tuple[str, ...]  # the method axis
+    draft: int  # the draft model's place on it (-1: none loaded)
+    trees: tuple[int, ...]  # the places of methods whose drafts are trees (heads)
 
     def propose_of(self, m: np.ndarray, k: np.ndarray, axis: int) -> np.ndarray:
         """The proposals' seconds of plans whose rows (along `axis`) take methods m with
@@ -160,20 +143,32 @@ class _Scoring:
         out = 0.0
         for name, t in self.propose.items():
             if t and name not in self.fixed_used:
-                out = out + t * ((m == AUTO_METHODS.index(name)) & (k > 0)).any(axis)
+                out = out + t * ((m == self.methods.index(name)) & (k > 0)).any(axis)
         return out
 
 
-class Scheduler:
+class Planner:
     def __init__(
-        self, proposers: dict, target: CausalLM, profile: Callable[[], CostModel] | None = None
+        self,
+        proposers: dict[str, Proposer],
+        target: CausalLM,
+        profile: Callable[[], CostModel] | None = None,
     ) -> None:
-        """proposers: the engine's, by method name (read as they are at each plan); target:
-        the model whose steps are planned (what prices them: whether it packs rows, reads
-        each row's own context; its depth); profile: measures the step costs when `auto`
-        first needs them (the caches empty)."""
+        """proposers: by method name; target: the model whose steps are planned (what prices
+        them: whether it packs rows, reads each row's own context; its depth); profile:
+        measures the step costs when `auto` first needs them (the caches empty)."""
         self.proposers = proposers
         self.target = target
+        # auto's method axis: the loaded methods it may choose, in the registry's order
+        self.methods = tuple(m for m in registry.auto_choices() if m in proposers)
+        stepped = [m for m in self.methods if proposers[m].costs == "forwards"]
+        if len(stepped) > 1:
+            raise ValueError(f"auto plans one draft model's forwards, not {stepped}")
+        self.stepped = stepped[0] if stepped else None  # the draft model's method
+        self.draft = self.methods.index(self.stepped) if stepped else -1
+        self.trees = tuple(
+            i for i, m in enumerate(self.methods) if registry.get(m).tree == registry.TREE
+        )
         self.profile = profile
         self.cost: CostModel | None = None
         # (seq id, method, bucket) -> that request's estimate; see _bucket
@@ -210,7 +205,7 @@ class Scheduler:
     def _global(self, method: str, bucket: int) -> _Estimate:
         key = (method, bucket)
         if key not in self.global_rate:
-            self.global_rate[key] = _Estimate.flat(PRIOR[method])
+            self.global_rate[key] = _Estimate.flat(self.proposers[method].prior)
         return self.global_rate[key]
 
     def _bucket_of(self, seq: Sequence, method: str) -> int:
@@ -247,9 +242,9 @@ class Scheduler:
         spans = counts if spans is None else spans
         # the forward's rows: drafts padded to the longest, or each row's own (packed)
         rows = len(seqs) + sum(counts) if packed else len(seqs) * (1 + max(counts, default=0))
-        draft_rows = [i for i, (m, _) in enumerate(plan) if m == "draft" and counts[i]]
+        draft_rows = [i for i, (m, _) in enumerate(plan) if m == self.stepped and counts[i]]
         for i, (method, _) in enumerate(plan):
-            if spans[i] and method in PRIOR:
+            if spans[i] and self._learns(method):
                 bucket = self._bucket_of(seqs[i], method)
                 self._estimate(seqs[i], method, bucket).update(spans[i], n_accepted[i])
                 self._global(method, bucket).update(
@@ -264,11 +259,17 @@ class Scheduler:
                 verify_s,
                 steps,
                 len(draft_rows),
-                propose_s.get("draft", 0.0),
+                propose_s.get(self.stepped, 0.0),
                 self.catch_up,
                 context=self._context(seqs),
             )
-            self.cost.observe_step({m: t for m, t in propose_s.items() if m != "draft"}, overhead_s)
+            others = {m: t for m, t in propose_s.items() if m != self.stepped}
+            self.cost.observe_step(others, overhead_s)
+
+    def _learns(self, method: str) -> bool:
+        """Whether `method`'s acceptance is learnt (those auto can plan)."""
+        p = self.proposers.get(method)
+        return p is not None and p.prior is not None
 
     def _shadow_outcomes(self, seq: Sequence, verified: str | None) -> None:
         """Score the chains the free methods offered `seq` and did not draft this step
@@ -303,7 +304,9 @@ class Scheduler:
             self._auto(seqs, plan, auto)
             self._learn_draft_share([seqs[i] for i in auto], [plan[i] for i in auto])
         self.catch_up = sum(
-            self._unseen(s) for s, p in zip(seqs, plan, strict=True) if p[0] == "draft" and p[1] > 0
+            self._unseen(s)
+            for s, p in zip(seqs, plan, strict=True)
+            if p[0] == self.stepped and p[1] > 0
         )
         return plan  # type: ignore[return-value]
 
@@ -311,13 +314,15 @@ class Scheduler:
         """Fold this step's choices for rows the draft model has fed into `draft_share` (a
         share learnt low still lets short prompts in, whose catch-up is cheap: if the draft
         then wins their steps, the share rises again)."""
-        draft = self.proposers.get("draft")
-        if draft is None:
+        if self.stepped is None:
             return
-        fed = [
-            p[0] == "draft" and p[1] > 0
+        draft = self.proposers[self.stepped]
+        fed = [  # rows whose prompt it has fed
+            p[0] == self.stepped and p[1] > 0
             for s, p in zip(seqs, plan, strict=True)
-            if s.spec.may_use("draft") and s.room() > 1 and draft.fed.get(s.id, 0) >= s.prompt_len
+            if s.spec.may_use(self.stepped)
+            and s.room() > 1
+            and draft.unseen(s) <= len(s.tokens) - s.prompt_len
         ]
         for used in fed:
             self.draft_share += DRAFT_SHARE_EMA * (float(used) - self.draft_share)
@@ -331,75 +336,64 @@ class Scheduler:
     def _unseen(self, seq: Sequence) -> int:
         """Tokens of `seq` the draft model has not fed yet (it feeds a prompt lazily, and
         what other methods accepted when it drafts next)."""
-        draft = self.proposers.get("draft")
-        return 0 if draft is None else len(seq.tokens) - draft.fed.get(seq.id, 0)
+        return 0 if self.stepped is None else self.proposers[self.stepped].unseen(seq)
 
     def _options(self, seq: Sequence) -> list[tuple[str, int, _Estimate, int | None]]:
         """(method, most drafts, acceptance estimate, tree depth) open to an `auto` sequence
-        now. Chains may use any k up to the most; a head's tree only its full size (depth:
-        the longest run it can accept; None for chains)."""
-        limit = max(0, seq.room() - 1)
+        now, from each allowed proposer's `offer`. Chains may use any k up to the most; a
+        tree only its full size (depth: the longest run it can accept; None for chains)."""
+        limit = max(0, seq.room() - 1)  # its bonus token counts too
         k = seq.spec.num_speculative_tokens
-        opts = []
-        allowed = seq.spec.auto_methods
-        ngram = self.proposers["ngram"]
-        free = min(MAX_K, max(FREE_FACTOR * k, FREE_MIN), limit)
-        chain, n = ngram.match(seq, free) if "ngram" in allowed else ([], 0)
-        avail = len(chain)
-        buckets = {"ngram": _bucket("ngram", n)}
-        est = self._estimate(seq, "ngram", buckets["ngram"])
-        # scored after the step if not drafted (_shadow_outcomes)
-        chains = {"ngram": (chain, buckets["ngram"])}
-        if avail:
-            opts.append(("ngram", avail, est, None))
-        suffix = self.proposers["suffix"]
-        # a full-length n-gram draft that is worth at least the best suffix draft could be
-        # makes the suffix trie walk pointless this step (it costs about a millisecond)
-        dominated = (
-            free
-            and avail == free
-            and est.gains(free)[-1]
-            >= self._estimate(seq, "suffix", _bucket("suffix", free)).gains(free)[-1]
-        )
-        skip = dominated or "suffix" not in allowed
-        tokens, parents, _ = ([], [], 0.0) if skip else suffix.speculate(seq, free)
-        avail = len(tokens)
-        buckets["suffix"] = _bucket("suffix", avail)
-        if parents == list(range(avail)):  # a chain (tree drafts are not scored)
-            chains["suffix"] = (tokens, buckets["suffix"])
-        self.shadow[seq.id] = (len(seq.tokens), chains)
-        if avail:
-            opts.append(("suffix", avail, self._estimate(seq, "suffix", buckets["suffix"]), None))
-        buckets["draft"] = _bucket("draft", 0, int(bool(chain or tokens)))
-        self.buckets[seq.id] = buckets
         # A seeded sampled request keeps to deterministic drafts: verified by the target's own
         # per-position sample (verify.py), it then emits what plain sampling with its seed
-        # emits, whatever auto chose step by step. Draft-model steps would change the tokens.
+        # emits, whatever auto chose step by step. Sampled drafts would change the tokens.
         seeded = seq.params.seed is not None and not seq.params.greedy
-        if "draft" in self.proposers and "draft" in allowed and min(k, limit) > 0 and not seeded:
-            opts.append(("draft", min(k, limit), self._estimate(seq, "draft"), None))
-        size = min(MAX_K, HEAD_TREE * k, limit)  # heads draft deterministic trees
-        for name in ("medusa", "eagle"):
-            p = self.proposers.get(name)
-            if p is None or name not in allowed or size < 1 or not p.ready(seq):
+        offers: dict[str, Offer] = {}
+        for name in self.methods:
+            p = self.proposers[name]
+            if name not in seq.spec.auto_methods or (p.stochastic and seeded):
                 continue
-            depth = p.depth(size) if name == "medusa" else min(seq.spec.speculative_num_steps, size)
-            opts.append((name, size, self._estimate(seq, name), depth))
-        return opts
+            a, b = p.sizing
+            budget = min(MAX_K, max(a * k, b), limit)
+            if budget < 1 or (p.walks and self._dominated(seq, p, budget, offers)):
+                continue
+            got = p.offer(seq, budget)
+            if got is not None and got.most > 0:
+                offers[name] = got
+        # a draft model's estimate is kept apart by whether a free chain was on offer too:
+        # where n-grams copy the text, the draft model tends to copy it too
+        free = any(
+            o.depth is None and self.proposers[m].costs != "forwards" for m, o in offers.items()
+        )
+        if self.stepped in offers:
+            offers[self.stepped].bucket = int(free)
+        self.buckets[seq.id] = {m: o.bucket for m, o in offers.items()}
+        # the free chains not drafted are scored after the step (_shadow_outcomes)
+        chains = {m: (o.chain, o.bucket) for m, o in offers.items() if o.chain}
+        self.shadow[seq.id] = (len(seq.tokens), chains)
+        return [(m, o.most, self._estimate(seq, m, o.bucket), o.depth) for m, o in offers.items()]
 
-    def _eagle_s(self, cost: CostModel, seqs, auto: list[int]) -> float:
-        """Cost of one eagle proposal: measured once eagle has run, modelled before that as
-        one head step per depth, each about two target layers' worth of a decode step (a
-        layer, plus its head and tree upkeep)."""
-        if "eagle" not in self.proposers or not any(
-            "eagle" in seqs[i].spec.auto_methods for i in auto
-        ):
+    def _dominated(self, seq: Sequence, p: Proposer, budget: int, offers) -> bool:
+        """Whether a free chain already offered in full is worth at least the best `p` could
+        offer (then its offer, a trie walk of about a millisecond, is pointless this step)."""
+        best = self._estimate(seq, p.name, p.bucket_at(budget)).gains(budget)[-1]
+        return any(
+            o.depth is None
+            and o.most == budget
+            and self.proposers[m].costs != "forwards"
+            and self._estimate(seq, m, o.bucket).gains(budget)[-1] >= best
+            for m, o in offers.items()
+        )
+
+    def _propose_s(self, cost: CostModel, name: str, seqs: list[Sequence]) -> float:
+        """One proposal's seconds for `name` over the `auto` rows seqs: measured once it has
+        run, before that its own guess (Proposer.guess_layers) in the target's layers."""
+        rows = [s for s in seqs if name in s.spec.auto_methods]
+        if not rows:
             return 0.0
         layers = max(1, int(getattr(self.target.config, "num_hidden_layers", 1)))
-        depth = max(
-            seqs[i].spec.speculative_num_steps for i in auto if "eagle" in seqs[i].spec.auto_methods
-        )
-        return cost.propose_s("eagle", depth * 2 * cost.verify_s(1, 1) / layers)
+        guess = self.proposers[name].guess_layers(rows)
+        return cost.propose_s(name, guess * cost.verify_s(1, 1) / layers if guess else 0.0)
 
     def _auto_alone(self, seq: Sequence, opts, cost: CostModel) -> tuple[str, int]:
         """`_auto` for a batch of one `auto` row (C = 1): each (method, k) on offer scored
@@ -428,12 +422,10 @@ class Scheduler:
         fixed = cost.overhead_s
         extra = {}  # method -> (seconds once, seconds per draft token)
         for method, *_ in opts:
-            if method == "draft":
+            if method == self.stepped:
                 extra[method] = (self._catch_share(cost, seq), cost.draft_s(1))
-            elif method == "eagle":
-                extra[method] = (self._eagle_s(cost, [seq], [0]), 0.0)
             else:
-                extra[method] = (cost.propose_s(method), 0.0)
+                extra[method] = (self._propose_s(cost, method, [seq]), 0.0)
 
         def goodput(method: str, k: int, gain: float) -> float:
             if k == 0:
@@ -455,14 +447,16 @@ class Scheduler:
             return
         sc = self._scoring(seqs, plan, auto, cost)
         best_g, best_plan = self._capped(sc)
-        chains_only = sc.fixed_used <= set(CHAINS) and not any(s.spec.use_tree_spec for s in seqs)
+        chains_only = all(registry.get(m).tree != registry.TREE for m in sc.fixed_used) and not any(
+            s.spec.use_tree_spec for s in seqs
+        )
         if self.target.packs_rows and len(seqs) > 1 and chains_only and sc.top:
             packed = self._packed(sc, self.target.packs_rows - 1)
             if packed[0] > best_g:
                 best_g, best_plan = packed
         m, k = best_plan
         for j, i in enumerate(auto):
-            plan[i] = (AUTO_METHODS[int(m[j])], int(k[j])) if k[j] > 0 else ("none", 0)
+            plan[i] = (self.methods[int(m[j])], int(k[j])) if k[j] > 0 else ("none", 0)
 
     def _fixed(self, seqs, plan) -> dict:
         """What the rows of fixed methods bring to every plan: their expected tokens (a head's
@@ -483,33 +477,28 @@ class Scheduler:
             out["fixed_k"] = max(out["fixed_k"], k)
             out["fixed_rows"] += k  # the step's real tokens, where the target packs rows
             out["fixed_used"].add(method)
-            if method in PRIOR:
-                span = k
-                if method == "medusa":
-                    span = self.proposers["medusa"].depth(k)
-                elif method == "eagle":
-                    span = min(k, seqs[i].spec.speculative_num_steps)
+            if self._learns(method):
+                span = self.proposers[method].span(seqs[i], k)
                 out["fixed_tokens"] += float(self._estimate(seqs[i], method).gains(span)[-1])
-            if method == "draft":
+            if method == self.stepped:
                 out["fixed_dk"], out["fixed_dn"] = max(out["fixed_dk"], k), out["fixed_dn"] + 1
         return out
 
-    @staticmethod
-    def _gains(options, top: int) -> tuple[np.ndarray, int]:
+    def _gains(self, options, top: int) -> tuple[np.ndarray, int]:
         """[A, method, K+1] each auto row's expected accepted drafts by method and k (-inf
         where not on offer; a head's tree only at its whole size), and the deepest draft-model
         chain any row may take."""
-        n_m = len(AUTO_METHODS)
+        n_m = len(self.methods)
         ks = np.arange(top + 1)
         gain = np.full((len(options), n_m, top + 1), -np.inf)
         gain[:, :, 0] = 0.0
         top_draft, chains = 0, []  # chains: (row, method, most drafts, rates)
         for j, opts in enumerate(options):
             for method, lim, est, depth in opts:
-                m = AUTO_METHODS.index(method)
+                m = self.methods.index(method)
                 if depth is None:  # a chain: any k up to lim
                     chains.append((j, m, lim, est.rates[1 : top + 1]))
-                    if m == DRAFT:
+                    if m == self.draft:
                         top_draft = max(top_draft, lim)
                 else:  # a head's tree: its whole size, worth its depth
                     gain[j, m, lim] = float(est.gains(depth)[-1])
@@ -526,11 +515,8 @@ class Scheduler:
         options = [self._options(seqs[i]) for i in auto]
         top = max((lim for opts in options for _, lim, _, _ in opts), default=0)
         gain, top_draft = self._gains(options, top)
-        propose = {
-            m: self._eagle_s(cost, seqs, auto) if m == "eagle" else cost.propose_s(m)
-            for m in AUTO_METHODS
-            if m != "draft"
-        }
+        rows = [seqs[i] for i in auto]
+        propose = {m: self._propose_s(cost, m, rows) for m in self.methods if m != self.stepped}
         n, a = len(seqs), len(auto)
         # a row's draft catch-up is paid once and then serves the row's later draft steps:
         # spread over those it is expected to take (DRAFT_SHARE_PRIOR above)
@@ -552,6 +538,9 @@ class Scheduler:
             catch=catch,
             propose=propose,
             kds=np.array([0] + list(range(lo, top_draft + 1))),
+            methods=self.methods,
+            draft=self.draft,
+            trees=self.trees,
         )
 
     @staticmethod
@@ -570,11 +559,13 @@ class Scheduler:
         d_cap = np.minimum(ks[None, :], sc.kds[:, None])  # [D, C] the draft drafts at most kd
         base = np.broadcast_to(best, (len(sc.kds),) + best.shape).copy()  # [D, A, method, C]
         base_k = np.broadcast_to(k_at, base.shape).copy()
-        base[:, :, DRAFT] = best[:, DRAFT][:, d_cap].transpose(1, 0, 2)  # [D, A, C]
-        base[sc.kds == 0, :, DRAFT] = -np.inf
-        base_k[:, :, DRAFT] = k_at[:, DRAFT][:, d_cap].transpose(1, 0, 2)
+        dm = sc.draft
+        if dm >= 0:
+            base[:, :, dm] = best[:, dm][:, d_cap].transpose(1, 0, 2)  # [D, A, C]
+            base[sc.kds == 0, :, dm] = -np.inf
+            base_k[:, :, dm] = k_at[:, dm][:, d_cap].transpose(1, 0, 2)
         best_g, best_plan = -1.0, (np.zeros(a, dtype=np.int64), np.zeros(a, dtype=np.int64))
-        offered = [h for h in HEAD_INDICES if sc.top and np.isfinite(gain[:, h, 1:]).any()]
+        offered = [h for h in sc.trees if sc.top and np.isfinite(gain[:, h, 1:]).any()]
         for mask in range(1 << len(offered)):
             value = base
             if offered:
@@ -588,7 +579,7 @@ class Scheduler:
             k = np.where(np.isfinite(g) & (g > 0), k, 0)
             g = np.where(k > 0, g, 0.0)
             longest = np.maximum(sc.fixed_k, k.max(1))  # [D, C]
-            drafting = (m == DRAFT) & (k > 0)  # [D, A, C]
+            drafting = (m == dm) & (k > 0)  # [D, A, C]
             dk = np.maximum(sc.fixed_dk, np.where(drafting, k, 0).max(1))  # [D, C]
             c = (
                 cost.overhead_s
@@ -616,24 +607,27 @@ class Scheduler:
         (the longest row the target packs); returns (goodput, (m, k))."""
         kds = sc.kds
         chain = sc.gain.copy()  # [A, method, K+1]; heads' trees are not chains
-        chain[:, list(HEAD_INDICES), 1:] = -np.inf
+        chain[:, list(sc.trees), 1:] = -np.inf
         with np.errstate(invalid="ignore"):  # -inf - -inf past a row's most
             marg = np.diff(chain, axis=2)  # [A, method, K] what each next draft adds
         marg = np.where(np.isfinite(marg), marg, -np.inf)
         marg[:, :, most:] = -np.inf
         k = (marg[None] > PRICES[:, None, None, None]).sum(-1)  # [P, A, method] its first k
         ks = np.broadcast_to(k[None], (len(kds),) + k.shape).copy()  # [D, P, A, method]
-        ks[:, :, :, DRAFT] = np.minimum(k[None, :, :, DRAFT], kds[:, None, None])
+        dm = sc.draft
+        if dm >= 0:
+            ks[:, :, :, dm] = np.minimum(k[None, :, :, dm], kds[:, None, None])
         g = np.take_along_axis(
             np.broadcast_to(chain, ks.shape[:2] + chain.shape), ks[..., None], -1
         )[..., 0]  # [D, P, A, method]
-        g[kds == 0, :, :, DRAFT] = -np.inf
+        if dm >= 0:
+            g[kds == 0, :, :, dm] = -np.inf
         m = (g - PRICES[None, :, None, None] * ks).argmax(-1)  # [D, P, A] each row's method
         g = np.take_along_axis(g, m[..., None], -1)[..., 0]  # [D, P, A]
         k = np.take_along_axis(ks, m[..., None], -1)[..., 0]
         k = np.where(np.isfinite(g) & (g > 0), k, 0)
         g = np.where(k > 0, g, 0.0)
-        drafting = (m == DRAFT) & (k > 0)  # [D, P, A]
+        drafting = (m == dm) & (k > 0)  # [D, P, A]
         dk = np.maximum(sc.fixed_dk, np.where(drafting, k, 0).max(-1))  # [D, P]
         c = (
             sc.cost.overhead_s
