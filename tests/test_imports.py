@@ -135,3 +135,27 @@ def test_the_planner_neither_imports_nor_holds_the_engine(decoder):
     held = vars(decoder.engine.planner).values()
     assert not any(isinstance(v, Engine) for v in held)
     assert decoder.engine.planner.proposers is decoder.engine.proposers
+
+
+def test_the_http_process_loads_no_engine_model_or_proposer_code():
+    """The server's HTTP process checks requests with the config and the method registry
+    (registry.check and the engine's capabilities); the engine, the models and the proposers
+    load in the engine's process only."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, leapdecode.server.app, leapdecode.server.command\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('leapdecode'))))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert "leapdecode.proposers.registry" in loaded and "leapdecode.config" in loaded
+    heavy = [m for m in loaded if (m.split(".") + [""])[1] in ("engine", "models", "api")]
+    heavy += [
+        m
+        for m in loaded
+        if m.startswith("leapdecode.proposers.") and m != "leapdecode.proposers.registry"
+    ]
+    assert heavy == []

@@ -134,12 +134,7 @@ class LeapDecoder:
             draft_model = load_model(draft, backend, device, draft_dtype or dtype, what="draft")
             _check_same_vocab(target, tokenizer, draft)
         ranking = read_vocab_ranking(draft)
-        if speculators is None:  # found beside the target: used where they can run
-            found = beside(target) if target_model.name == "native" else []
-            heads = load_found(found, target_model)
-        else:
-            paths = [speculators] if isinstance(speculators, str) else list(speculators)
-            heads = load_heads(paths, target_model)
+        heads = _speculators(speculators, target, target_model)
         dec = cls(
             target_model,
             tokenizer,
@@ -262,6 +257,15 @@ class LeapDecoder:
                 yield piece
         if rest := text.rest():
             yield rest
+
+
+def _speculators(speculators, target: str, model: CausalLM) -> dict:
+    """The heads asked for (folders), or, by default, those found beside the target where its
+    backend can run them."""
+    if speculators is None:
+        return load_found(beside(target) if model.name == "native" else [], model)
+    paths = [speculators] if isinstance(speculators, str) else list(speculators)
+    return load_heads(paths, model)
 
 
 def _check_same_vocab(target: str, target_tok, draft: str) -> None:

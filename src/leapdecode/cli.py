@@ -18,7 +18,7 @@ from .cli_args import (
     add_draftless_args,
     add_generation_args,
     add_model_args,
-    engine_options,
+    load_options,
     spec_options,
 )
 from .config import SpecConfig
@@ -210,19 +210,8 @@ def cmd_generate(args) -> int:
 
     prompts = read_prompts(args)
     target, draft = _resolve_models(args)
-    decoder = LeapDecoder.from_pretrained(
-        target,
-        draft=draft,
-        backend=args.backend,
-        device=args.device,
-        dtype=args.dtype,
-        draft_dtype=args.draft_dtype,
-        draft_vocab=args.draft_vocab if draft else None,
-        threads=args.threads,
-        speculators=args.speculator,
-        compile=args.compile,
-        **engine_options(args),
-    )
+    options = load_options(args) | {"draft_vocab": args.draft_vocab if draft else None}
+    decoder = LeapDecoder.from_pretrained(target, draft=draft, **options)
     options = dict(
         method=args.method,
         k=args.k,

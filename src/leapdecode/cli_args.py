@@ -151,6 +151,25 @@ def engine_options(args) -> dict:
     )
 
 
+def load_options(args) -> dict:
+    """`LeapDecoder.from_pretrained`'s options from the model flags (add_model_args) and,
+    where the command has them, --draft-vocab and the engine's (--suffix-max-*)."""
+    out = dict(
+        backend=args.backend,
+        device=args.device,
+        dtype=args.dtype,
+        draft_dtype=args.draft_dtype,
+        threads=args.threads,
+        speculators=args.speculator,
+        compile=args.compile,
+    )
+    if hasattr(args, "draft_vocab"):
+        out["draft_vocab"] = args.draft_vocab
+    if hasattr(args, "suffix_max_tree_depth"):
+        out.update(engine_options(args))
+    return out
+
+
 def add_generation_args(p: argparse.ArgumentParser, method_default: str) -> None:
     p.add_argument(
         "--method",

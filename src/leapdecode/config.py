@@ -104,6 +104,16 @@ class SpecConfig:
         return self.method == method or (self.method == "auto" and method in self.auto_methods)
 
     def __post_init__(self) -> None:
+        self._check_method()
+        self._check_ngram()
+        self._check_suffix()
+        self._check_lookahead()
+        self._check_trees()
+        self._normalise_table()
+        self._normalise_auto()
+
+    def _check_method(self) -> None:
+        """The method and k."""
         if self.method not in registry.names():
             raise LeapDecodeError(
                 f"unknown method {self.method!r}: use one of {', '.join(registry.names())}",
@@ -114,6 +124,9 @@ class SpecConfig:
             raise LeapDecodeError(
                 f"k must be an integer in 0..{MAX_K}, got {k!r}", field="num_speculative_tokens"
             )
+
+    def _check_ngram(self) -> None:
+        """N-gram sizes; the yes/no options."""
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         if not (_is_int(lo) and _is_int(hi) and 1 <= lo <= hi <= 32):
             raise LeapDecodeError(
@@ -133,6 +146,9 @@ class SpecConfig:
                 f"{self.suffix_decoding_char_match!r}",
                 field="suffix_decoding_char_match",
             )
+
+    def _check_suffix(self) -> None:
+        """Suffix decoding's draft limits."""
         f = self.suffix_decoding_max_spec_factor
         if not isinstance(f, int | float) or isinstance(f, bool) or not 0 <= f <= MAX_K:
             raise LeapDecodeError(
@@ -145,6 +161,9 @@ class SpecConfig:
                 f"suffix_decoding_min_token_prob must be in [0, 1], got {p!r}",
                 field="suffix_decoding_min_token_prob",
             )
+
+    def _check_lookahead(self) -> None:
+        """Lookahead's window, n-gram size and candidates, and its tree's size."""
         w, n, g = self.lookahead_window, self.lookahead_ngram_size, self.lookahead_max_candidates
         if not (
             _is_int(w)
@@ -174,6 +193,9 @@ class SpecConfig:
                 f"per step, more than {MAX_K}: lower W, N or G",
                 field="lookahead_window",
             )
+
+    def _check_trees(self) -> None:
+        """Eagle's tree; the draft model's cut-off."""
         steps, topk = self.speculative_num_steps, self.speculative_eagle_topk
         if not (_is_int(steps) and _is_int(topk) and 1 <= steps <= 16 and 1 <= topk <= 16):
             raise LeapDecodeError(
@@ -188,6 +210,9 @@ class SpecConfig:
             raise LeapDecodeError(
                 f"draft_min_prob must be in [0, 1), got {m!r}", field="draft_min_prob"
             )
+
+    def _normalise_table(self) -> None:
+        """The batch-size table, sorted."""
         table = self.num_speculative_tokens_per_batch_size
         try:
             table = tuple(sorted((int(b), int(t)) for b, t in table))
@@ -202,6 +227,9 @@ class SpecConfig:
                 field="num_speculative_tokens_per_batch_size",
             )
         object.__setattr__(self, "num_speculative_tokens_per_batch_size", table)
+
+    def _normalise_auto(self) -> None:
+        """Auto's choices: a list or a comma-separated string, without repeats."""
         choices = self.auto_methods
         if isinstance(choices, str):
             choices = tuple(x.strip() for x in choices.split(",") if x.strip())

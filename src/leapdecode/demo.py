@@ -112,6 +112,7 @@ def _default_methods(dec) -> list[str]:
 
 def run_demo(args) -> int:
     from .api import LeapDecoder
+    from .cli_args import load_options
     from .paths import DRAFT_NAME, TARGET_NAME, default_model
 
     console = Console(stderr=False)
@@ -131,17 +132,8 @@ def run_demo(args) -> int:
     prompt = args.prompt or DEMO_PROMPT
     console.print(f"target [bold]{target}[/bold]\ndraft  [bold]{draft}[/bold]")
     # no global suffix tree: the repeats would find the first repeat's own output in it
-    dec = LeapDecoder.from_pretrained(
-        target,
-        draft=draft,
-        backend=args.backend,
-        device=args.device,
-        dtype=args.dtype,
-        draft_dtype=args.draft_dtype,
-        speculators=args.speculator,
-        compile=args.compile,
-        suffix_decoding_max_cached_requests=0,
-    )
+    options = load_options(args) | {"suffix_decoding_max_cached_requests": 0}
+    dec = LeapDecoder.from_pretrained(target, draft=draft, **options)
     methods = [
         (m, 0 if m == "none" else args.k or DEMO_K.get(m, 4))
         for m in names or _default_methods(dec)

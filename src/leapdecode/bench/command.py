@@ -207,6 +207,7 @@ def cmd_run(args) -> int:
     import transformers
 
     from ..api import LeapDecoder
+    from ..cli_args import load_options
     from ..paths import resolve_models
     from . import lossless, report, runner, workloads
     from .peers import HFPeers
@@ -278,17 +279,7 @@ def cmd_run(args) -> int:
             raise LeapDecodeError("--per-category must be >= 1")
         sets = {c: rows[:per_cat] for c, rows in sets.items()}
 
-    dec = LeapDecoder.from_pretrained(
-        target,
-        draft=draft,
-        device=args.device,
-        dtype=args.dtype,
-        draft_dtype=args.draft_dtype,
-        draft_vocab=args.draft_vocab,
-        threads=args.threads,
-        speculators=args.speculator,
-        compile=args.compile,
-    )
+    dec = LeapDecoder.from_pretrained(target, draft=draft, **load_options(args))
     peers = None if args.no_peers else HFPeers(target, draft, args.dtype, args.draft_dtype)
     heads = dec.engine.proposers
     methods = runner.method_list(

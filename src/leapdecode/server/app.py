@@ -227,6 +227,37 @@ class Routes:
     ) -> None:
         self.engine, self.frontend, self.spec = engine, frontend, spec
         self.model_name = model_name
+        self.created = int(time.time())
+
+    def models(self) -> dict:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.model_name,
+                    "object": "model",
+                    "created": self.created,
+                    "owned_by": "leapdecode",
+                    "max_model_len": self.frontend.max_context,
+                }
+            ],
+        }
+
+    def health(self):
+        if self.engine.gone:
+            return JSONResponse({"status": "error", "error": self.engine.gone}, status_code=503)
+        return {"status": "ok", "running": self.engine.running, "waiting": self.engine.queued()}
+
+    async def metrics(self) -> Response:
+        try:
+            text = await self.engine.metrics_text()
+        except (EngineGone, TimeoutError, asyncio.TimeoutError) as e:
+            return _error(
+                APIError(
+                    503, f"the engine did not answer: {e}", None, "engine_gone", "server_error"
+                )
+            )
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def body(self, request: Request) -> dict:
         raw = await request.body()
@@ -401,7 +432,6 @@ def create_app(
 
     app = FastAPI(title="leapdecode", version="1", lifespan=lifespan)
     app.state.engine = engine
-    created = int(time.time())
     app.add_middleware(_Guard, api_key=api_key)
     _add_error_handlers(app)
     routes = Routes(engine, frontend, spec, model_name)
@@ -416,36 +446,15 @@ def create_app(
 
     @app.get("/v1/models")
     async def models():
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": model_name,
-                    "object": "model",
-                    "created": created,
-                    "owned_by": "leapdecode",
-                    "max_model_len": frontend.max_context,
-                }
-            ],
-        }
+        return routes.models()
 
     @app.get("/health")
     async def health():
-        if engine.gone:
-            return JSONResponse({"status": "error", "error": engine.gone}, status_code=503)
-        return {"status": "ok", "running": engine.running, "waiting": engine.queued()}
+        return routes.health()
 
     @app.get("/metrics")
     async def prometheus():
-        try:
-            text = await engine.metrics_text()
-        except (EngineGone, TimeoutError, asyncio.TimeoutError) as e:
-            return _error(
-                APIError(
-                    503, f"the engine did not answer: {e}", None, "engine_gone", "server_error"
-                )
-            )
-        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+        return await routes.metrics()
 
     return app
 

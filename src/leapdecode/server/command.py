@@ -6,7 +6,7 @@ import errno
 import os
 from functools import partial
 
-from ..cli_args import add_draftless_args, engine_options, spec_options
+from ..cli_args import add_draftless_args, load_options, spec_options
 from ..config import MAX_K, SpecConfig, parse_k_table
 from ..errors import LeapDecodeError
 from ..proposers import registry
@@ -133,20 +133,7 @@ def _configure(args) -> tuple[SpecConfig, dict]:
     target, draft = resolve_models(args.target, args.draft)
     if args.speculation == "draft" and draft is None:
         raise LeapDecodeError("--speculation draft needs a draft model: pass --draft PATH")
-    load = dict(
-        target=target,
-        draft=draft,
-        backend=args.backend,
-        device=args.device,
-        dtype=args.dtype,
-        draft_dtype=args.draft_dtype,
-        draft_vocab=args.draft_vocab,
-        max_num_seqs=args.max_num_seqs,
-        threads=args.threads,
-        speculators=args.speculator,
-        compile=args.compile,
-        **engine_options(args),
-    )
+    load = dict(target=target, draft=draft, max_num_seqs=args.max_num_seqs, **load_options(args))
     return spec, load
 
 
