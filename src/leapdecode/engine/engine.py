@@ -88,22 +88,6 @@ class Engine:
         self.target = target
         self.max_num_seqs = max_num_seqs
         self.max_len = target.max_context + MAX_K + 1  # room for drafts past the last token
-        if not (
-            isinstance(suffix_decoding_max_tree_depth, int)
-            and 2 <= suffix_decoding_max_tree_depth <= 256
-        ):
-            raise LeapDecodeError(
-                "suffix_decoding_max_tree_depth must be an integer in 2..256",
-                field="suffix_decoding_max_tree_depth",
-            )
-        if not (
-            isinstance(suffix_decoding_max_cached_requests, int)
-            and suffix_decoding_max_cached_requests >= 0
-        ):
-            raise LeapDecodeError(
-                "suffix_decoding_max_cached_requests must be an integer >= 0 (0: no global tree)",
-                field="suffix_decoding_max_cached_requests",
-            )
         parts = Parts(
             target,
             draft,

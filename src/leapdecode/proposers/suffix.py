@@ -30,6 +30,7 @@ import heapq
 import itertools
 from collections import OrderedDict, deque
 
+from ..errors import LeapDecodeError
 from ..sequence import Sequence
 from .base import FREE_SIZING, Drafts, Offer, Parts, Proposer
 from .char_lookup import CharIndex
@@ -315,6 +316,16 @@ class SuffixProposer(Proposer):
 
     @classmethod
     def build(cls, parts: Parts) -> SuffixProposer:
+        if not (isinstance(parts.suffix_max_depth, int) and 2 <= parts.suffix_max_depth <= 256):
+            raise LeapDecodeError(
+                "suffix_decoding_max_tree_depth must be an integer in 2..256",
+                field="suffix_decoding_max_tree_depth",
+            )
+        if not (isinstance(parts.suffix_max_cached, int) and parts.suffix_max_cached >= 0):
+            raise LeapDecodeError(
+                "suffix_decoding_max_cached_requests must be an integer >= 0 (0: no global tree)",
+                field="suffix_decoding_max_cached_requests",
+            )
         return cls(parts.suffix_max_depth, parts.suffix_max_cached, parts.token_strings)
 
     def offer(self, seq: Sequence, budget: int) -> Offer | None:
