@@ -49,11 +49,10 @@ def length_groups(
     """Indices of `lengths` in groups to prefill together: longest first, a group grows while
     its padding (rows padded to its longest, less its real tokens) stays within slack x its
     real tokens or pad_rows, and its rows (padding included) within budget. One right-padded
-    forward for every prompt admitted at once spent a third of its rows on padding (C = 16:
-    33k rows for 22k prompt tokens), and a row of padding costs what a real one does on a
-    CPU; and a forward's tokens/s falls past about a thousand rows (the embedded target, one
-    thread: 8 x 128 rows 8.4k tokens/s, 7 x 735 5.6k, one prompt of 735 6.0k), as its
-    activations outgrow the caches."""
+    forward for every prompt admitted at once spent a third of its rows on padding, and a
+    row of padding costs what a real one does on a CPU; and a forward's tokens/s falls past
+    about a thousand rows, as its activations outgrow the caches (figures:
+    docs/auto_planning.md, "Prefill groups")."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     groups: list[list[int]] = []
     for i in order:

@@ -398,8 +398,8 @@ class Planner:
     def _auto_alone(self, seq: Sequence, opts, cost: CostModel) -> tuple[str, int]:
         """`_auto` for a batch of one `auto` row (C = 1): each (method, k) on offer scored
         with the same goodput, one by one in plain Python. For one row the vectorised
-        search's numpy calls cost more than the few dozen plans they score (0.4 of the
-        0.6 ms auto's plan took a step at C = 1, where a step is about 6 ms)."""
+        search's numpy calls cost more than the few dozen plans they score (docs/auto_planning.md
+        has the figures)."""
         goodput = self._alone_goodput(seq, opts, cost)
         best, plan = goodput("none", 0, 0.0), ("none", 0)
         for method, lim, est, depth in opts:
@@ -440,7 +440,7 @@ class Planner:
         by the goodput (module notes) and the best kept. Two families: under a cap c on
         every row's k (`_capped`; the verify forward pads rows to the longest draft, so a
         row's drafts up to c are free in it), and, where the target packs rows, each row's
-        drafts priced one by one (`_packed`). A fraction of a millisecond for 16 rows."""
+        drafts priced one by one (`_packed`)."""
         cost = self.cost or CostModel()  # profiled at the first idle moment (engine.step)
         if alone and len(seqs) == 1 and auto == [0]:  # one request alone: see _auto_alone
             plan[0] = self._auto_alone(seqs[0], self._options(seqs[0]), cost)
