@@ -1,4 +1,5 @@
-"""End to end: with sampling, every method emits the target's own distribution.
+"""End to end: with sampling, every method (and both verification rules) emits the target's
+own distribution.
 
 The exact joint distribution of the first two sampled tokens is computed from the target
 with `transformers` (temperature 1.5, top-k 3: at most 9 outcomes), summing the
@@ -76,7 +77,12 @@ def prompt(hf_target):
 
 @pytest.fixture(scope="module")
 def exact(hf_target, prompt):
-    params = SamplingParams(**PARAMS)
+    return exact_pairs(hf_target, prompt, PARAMS)
+
+
+def exact_pairs(hf_target, prompt, sampling: dict) -> dict:
+    """The exact joint distribution of the first two tokens under `sampling`."""
+    params = SamplingParams(**sampling)
     with torch.no_grad():
         p1 = process_logits(hf_target(torch.tensor([prompt])).logits[0, -1], params)
         joint = {}
@@ -87,9 +93,9 @@ def exact(hf_target, prompt):
     return joint
 
 
-def sample_pairs(decoder, prompt, method, seed, **kw):
+def sample_pairs(decoder, prompt, method, seed, sampling=PARAMS, **kw):
     results = decoder.generate_batch(
-        [prompt] * N, method=method, k=3, max_new_tokens=4, seed=seed, **PARAMS, **kw
+        [prompt] * N, method=method, k=3, max_new_tokens=4, seed=seed, **sampling, **kw
     )
     return results, [tuple(r.token_ids[:2]) for r in results]
 
@@ -126,6 +132,9 @@ def test_exact_distribution_is_spread(exact):
         ("none", {}),
         ("draft", {}),
         ("draft", {"draft_min_prob": 0.3}),
+        ("draft", {"verify": "token"}),
+        ("draft", {"verify": "token", "draft_min_prob": 0.3}),
+        ("ngram", {"ngram_min": 1, "verify": "block"}),
         ("ngram", {"ngram_min": 1}),
         ("ngram", {"ngram_min": 1, "use_tree_spec": True}),
         ("suffix", {}),
@@ -144,6 +153,21 @@ def test_first_two_tokens_follow_the_target(decoder, prompt, exact, method, kw):
         assert 0 < accepted < proposed, (accepted, proposed)
     pvalue = gof_pvalue(pairs, exact)
     assert pvalue > 1e-4, f"{method}: chi-square p-value {pvalue:.2e}"
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+@pytest.mark.parametrize("verify", ["token", "block"])
+def test_draft_chains_follow_the_target_under_either_rule(hf_target, decoder, prompt, verify,
+                                                         temperature):  # fmt: skip
+    """A draft model's sampled chains, verified token by token or as a block (verify.py),
+    at the temperatures users run (top-k 3 keeps the outcomes countable)."""
+    sampling = dict(temperature=temperature, top_k=3)
+    exact = exact_pairs(hf_target, prompt, sampling)
+    results, pairs = sample_pairs(decoder, prompt, "draft", 2000, sampling, verify=verify)
+    accepted = sum(r.stats.accepted for r in results)
+    assert 0 < accepted < sum(r.stats.proposed for r in results)
+    pvalue = gof_pvalue(pairs, exact)
+    assert pvalue > 1e-4, f"{verify} at T={temperature}: chi-square p-value {pvalue:.2e}"
 
 
 def test_seeded_sampling_repeats(decoder, prompt):

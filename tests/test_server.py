@@ -101,6 +101,13 @@ def test_token_prompt_and_per_request_speculation(client, decoder):
                                         extra_body={"speculation": spec})  # fmt: skip
         assert out.choices[0].text == decoder.generate(ids, max_new_tokens=10).text
         assert out.model_extra["speculation"]["method"] == spec["method"]
+    for verify in ("token", "block"):  # a seeded sampled request repeats under either rule
+        spec = {"method": "draft", "num_speculative_tokens": 3, "verify": verify}
+        out = client.completions.create(model="tiny", prompt=ids, max_tokens=10, temperature=0.8,
+                                        seed=5, extra_body={"speculation": spec})  # fmt: skip
+        again = decoder.generate(ids, max_new_tokens=10, temperature=0.8, seed=5, method="draft",
+                                 k=3, verify=verify)  # fmt: skip
+        assert out.choices[0].text == again.text
 
 
 def test_streaming_joins_to_the_full_text_and_ends_with_done(server, client):
@@ -201,6 +208,11 @@ BAD = [
      "speculation.window"),
     (json.dumps({"prompt": "x", "speculation": {"method": "lookahead",
                                                 "lookahead_ngram_size": 2}}).encode(), 400, None),
+    (json.dumps({"prompt": "x", "speculation": {"verify": "blocks"}}).encode(), 400,
+     "speculation.verify"),
+    (json.dumps({"prompt": "x", "speculation": {"method": "ngram", "use_tree_spec": True,
+                                                "verify": "block"}}).encode(), 400,
+     "speculation.verify"),
     (json.dumps({"prompt": "word " * 400}).encode(), 400, "prompt"),
     (json.dumps({"prompt": [10**7]}).encode(), 400, "prompt"),
     (json.dumps({"prompt": "x", "model": "gpt-9"}).encode(), 404, "model"),

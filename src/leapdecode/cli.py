@@ -48,6 +48,7 @@ FLAG_NAMES = {
     "draft_vocab": "--draft-vocab",
     "max_num_seqs": "--max-num-seqs",
     "auto_methods": "--auto-methods",
+    "verify": "--verify",
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from .config import VERIFY_RULES
 from .proposers import registry
 
 
@@ -126,6 +127,19 @@ def add_draftless_args(p: argparse.ArgumentParser) -> None:
         f"{','.join(registry.auto_choices())} (default {','.join(registry.auto_default())}; "
         "the heads are opt-in: they need the target's hidden states every step)",
     )
+    add_verify_arg(p)
+
+
+def add_verify_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--verify",
+        default="auto",
+        choices=list(VERIFY_RULES),
+        help="how a draft model's sampled chains are verified: token by token, or as a block "
+        "(Sun et al. 2024: never fewer drafts kept on average; chains only); auto (default): "
+        "block where it applies, tokens elsewhere (greedy and deterministic drafts keep the "
+        "same drafts either way)",
+    )
 
 
 def spec_options(args) -> dict:
@@ -141,6 +155,7 @@ def spec_options(args) -> dict:
         speculative_num_steps=args.speculative_num_steps,
         speculative_eagle_topk=args.speculative_eagle_topk,
         auto_methods=args.auto_methods,
+        verify=args.verify,
     )
 
 

@@ -17,6 +17,10 @@ from .proposers import registry
 # per sequence and per step, the method and the number of draft tokens (0 included) that
 # maximise the whole batch's goodput.
 MAX_K = 64  # the most draft tokens a step may verify per sequence
+# How a draft model's sampled chains are verified (verify.py): token by token (Leviathan et
+# al.), or as a block (Sun et al. 2024); auto = block where it applies, tokens elsewhere
+# (trees, greedy, deterministic drafts: where the two keep the same drafts).
+VERIFY_RULES = ("auto", "token", "block")
 MAX_TOP_K = 1_000_000
 
 
@@ -69,6 +73,7 @@ class SpecConfig:
     prompt_lookup_min: int = 2  # ngram: shortest n-gram to match
     prompt_lookup_max: int = 4  # ngram: longest n-gram to match
     draft_min_prob: float = 0.0  # draft: stop drafting below this draft confidence (0 = off)
+    verify: str = "auto"  # auto | token | block (VERIFY_RULES)
     # ngram, suffix: verify several candidates as one tree of at most k nodes (tree.py)
     use_tree_spec: bool = False
     # suffix (vLLM's names): draft at most factor x match length tokens; stop a path below
@@ -195,7 +200,7 @@ class SpecConfig:
             )
 
     def _check_trees(self) -> None:
-        """Eagle's tree; the draft model's cut-off."""
+        """Eagle's tree; the draft model's cut-off; the verification rule."""
         steps, topk = self.speculative_num_steps, self.speculative_eagle_topk
         if not (_is_int(steps) and _is_int(topk) and 1 <= steps <= 16 and 1 <= topk <= 16):
             raise LeapDecodeError(
@@ -209,6 +214,11 @@ class SpecConfig:
         if not isinstance(m, int | float) or isinstance(m, bool) or not 0 <= m < 1:
             raise LeapDecodeError(
                 f"draft_min_prob must be in [0, 1), got {m!r}", field="draft_min_prob"
+            )
+        if self.verify not in VERIFY_RULES:
+            raise LeapDecodeError(
+                f"verify must be one of {', '.join(VERIFY_RULES)}, got {self.verify!r}",
+                field="verify",
             )
 
     def _normalise_table(self) -> None:

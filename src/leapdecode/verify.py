@@ -8,6 +8,19 @@ probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection sample from
 normalise(max(0, p_i - q_i)); when every draft is accepted, sample the bonus token from p_k.
 The output then follows p exactly, whatever q is.
 
+Block verification (Sun et al. 2024, "Block Verification Accelerates Speculative Decoding",
+Algorithm 2; `verify="block"`), for a draft model's chains under sampling: the drafts are
+judged as a block. With w_0 = 1 and, for draft i, w_i = min(1, w_{i-1} p_i(d_i) / q_i(d_i)),
+the block up to draft i is kept with probability h_i = Z_i / (Z_i + 1 - w_i), where
+Z_i = sum_x max(0, w_i p_{i+1}(x) - q_{i+1}(x)) (h = 0 where Z = 0; at the last draft,
+h_n = w_n); the longest i whose test passes wins, and the next token comes from
+normalise(max(0, w_i p_{i+1} - q_{i+1})) (p_n itself after the whole block). The output
+still follows p exactly, and the expected number of kept drafts is never below the
+token-level rule's. A row whose draft stops early (a confidence cut-off) is a block that
+ends there: the same formulas with n its own length. With one-hot q (deterministic drafts)
+it keeps draft i with probability p_1(d_1) ... p_i(d_i), as the token-level rule does
+(the h_i telescope), so it changes nothing there; trees are verified token by token.
+
 Sampling with deterministic drafts (n-grams, suffix, lookahead; chains or trees): at every
 node, draw the target's own token y = inverse-CDF(p, u) with the uniform u of the output
 position the node stands for, and accept the child whose token is y (if any): the emitted
@@ -88,6 +101,48 @@ def rejection_accept(
     return n_accepted, next_token
 
 
+def block_accept(
+    p: torch.Tensor,  # [B, k+1, V] target's processed probabilities
+    q: torch.Tensor,  # [B, k, V] drafter's processed probabilities
+    drafts: torch.Tensor,  # [B, k]
+    n_drafts: torch.Tensor,  # [B]
+    uniforms: torch.Tensor,  # [B, k+1] in [0, 1): k block tests + one sample
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block verification of chains (module notes): (n_accepted [B], next_token [B])."""
+    batch, k = drafts.shape
+    uniforms = uniforms.to(p.device)
+    rows = torch.arange(batch, device=p.device)
+    if k == 0:
+        return torch.zeros(batch, dtype=torch.long, device=p.device), sample_from(
+            p[:, 0], uniforms[:, 0]
+        )
+    p_draft = p[:, :k].gather(-1, drafts[..., None])[..., 0]  # [B, k]
+    q_draft = q.gather(-1, drafts[..., None])[..., 0]  # [B, k]
+    ratio = torch.where(q_draft > 0, p_draft / q_draft.clamp(min=1e-30), torch.ones_like(p_draft))
+    weight = torch.ones(batch, device=p.device)  # w_i  [B]
+    kept = torch.zeros(batch, dtype=torch.long, device=p.device)  # tau  [B]
+    kept_weight = torch.ones(batch, device=p.device)  # w_tau  [B]
+    for i in range(1, k + 1):
+        drafted = i <= n_drafts  # [B]
+        w = torch.where(drafted, (weight * ratio[:, i - 1]).clamp(max=1.0), weight)
+        if i < k:  # the residual mass after draft i (rows whose block goes on)
+            z = (w[:, None] * p[:, i] - q[:, i]).clamp(min=0.0).sum(-1)  # [B]
+            h = torch.where(z > 0, z / (z + 1.0 - w).clamp(min=1e-30), torch.zeros_like(z))
+        else:
+            h = w
+        h = torch.where(i == n_drafts, w, h)  # the block's last draft
+        passed = drafted & (uniforms[:, i - 1] < h)
+        kept = torch.where(passed, i, kept)
+        kept_weight = torch.where(passed, w, kept_weight)
+        weight = w
+    p_next = p[rows, kept]  # [B, V]
+    q_next = q[rows, kept.clamp(max=k - 1)]  # [B, V]
+    residual = (kept_weight[:, None] * p_next - q_next).clamp(min=0.0)  # [B, V]
+    cut = (kept < n_drafts) & (residual.sum(-1) > 0)  # rounding can leave no mass: guard
+    next_token = sample_from(torch.where(cut[:, None], residual, p_next), uniforms[:, k])
+    return kept, next_token
+
+
 def _accept_by_choice(
     choice: torch.Tensor,  # [B, T] the target's token after each input (argmax or sample)
     drafts: torch.Tensor,  # [B, k]
@@ -145,9 +200,9 @@ def accept_batch(
     parents: torch.Tensor | None = None,  # [B, k] draft trees (tree.py); None: chains
     stochastic: torch.Tensor | None = None,  # [B] rows whose probs are real (None: all if any)
 ) -> tuple[torch.Tensor, list[int], list[int]]:
-    """The acceptance rules above for a whole batch, in at most three calls: greedy rows;
-    sampled rows with a draft model's drafts (rejection sampling, uniforms from the row's
-    draft stream); every other sampled row (deterministic drafts or none: the target's own
+    """The acceptance rules above for a whole batch, in at most four calls: greedy rows;
+    sampled rows with a draft model's drafts (rejection sampling, or block verification for
+    chains whose spec.verify is not "token"; uniforms from the row's draft stream); every other sampled row (deterministic drafts or none: the target's own
     sample at each position, from the row's per-position uniforms). Each row keeps its own
     temperature / top-k / top-p and seeded streams, so a row draws the same alone or batched.
 
@@ -162,7 +217,9 @@ def accept_batch(
         stochastic = torch.full((batch,), probs is not None)
     stochastic = stochastic & (counts > 0)
     greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
-    rejection = [i for i, s in enumerate(seqs) if not s.params.greedy and stochastic[i]]
+    sampled = [i for i, s in enumerate(seqs) if not s.params.greedy and stochastic[i]]
+    block = [i for i in sampled if tree is None and seqs[i].spec.verify != "token"]
+    rejection = [i for i in sampled if i not in block]
     matched = [i for i, s in enumerate(seqs) if not s.params.greedy and not stochastic[i]]
 
     def keep(rows, path, a, t):
@@ -173,8 +230,9 @@ def accept_batch(
 
     if greedy:
         keep(greedy, *_greedy_rows(greedy, logits, tokens, counts, tree, parents))
-    if rejection:  # a draft model's chains
-        keep(rejection, None, *_rejection_rows(rejection, seqs, logits, tokens, counts, probs))
+    for rule, rows in ((rejection_accept, rejection), (block_accept, block)):
+        if rows:  # a draft model's chains: token by token, or as blocks
+            keep(rows, None, *_stochastic_rows(rule, rows, seqs, logits, tokens, counts, probs))
     if matched:
         idx = torch.tensor(matched)
         p = process_rows(logits[idx.to(logits.device)], [seqs[i].params for i in matched])
@@ -199,9 +257,10 @@ def _greedy_rows(rows, logits, tokens, counts, tree, parents):
     return (None, *greedy_accept(mine, tokens.to(dev)[idx.to(dev)], counts.to(dev)[idx.to(dev)]))
 
 
-def _rejection_rows(rows, seqs, logits, tokens, counts, probs):
-    """(n_accepted, next_token) of the sampled rows with a draft model's drafts: the row's
-    processed distributions against the drafter's, uniforms from the row's draft stream."""
+def _stochastic_rows(rule, rows, seqs, logits, tokens, counts, probs):
+    """(n_accepted, next_token) of the sampled rows with a draft model's drafts, by `rule`
+    (rejection_accept or block_accept): the row's processed distributions against the
+    drafter's, uniforms from the row's draft stream."""
     dev = logits.device
     k = tokens.shape[1]
     idx = torch.tensor(rows, device=dev)
@@ -211,4 +270,4 @@ def _rejection_rows(rows, seqs, logits, tokens, counts, probs):
         n = int(counts[i])
         draw = torch.rand(n + 1, generator=seqs[i].draft_generator)
         u[j, :n], u[j, k] = draw[:n], draw[n]
-    return rejection_accept(p, probs.to(dev)[idx], tokens.to(dev)[idx], counts.to(dev)[idx], u)
+    return rule(p, probs.to(dev)[idx], tokens.to(dev)[idx], counts.to(dev)[idx], u)

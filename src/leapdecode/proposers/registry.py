@@ -111,6 +111,7 @@ def check(spec, backend: str, loaded) -> None:
             + (f" (only {' and '.join(heads)})" if heads and method.hidden else "")
             + (": " + _HEAD_FIX.format(method.name) if method.hidden else "")
         )
+    _check_block(spec)
     always = method is not None and method.tree == TREE
     optional = spec.use_tree_spec and any(
         m.tree == TREE_OPTION and spec.may_use(m.name) for m in _METHODS.values()
@@ -121,3 +122,22 @@ def check(spec, backend: str, loaded) -> None:
             "backend lacks: use --backend native" + ("" if always else " or drop use_tree_spec"),
             field=None if always else "use_tree_spec",
         )
+
+
+def _check_block(spec) -> None:
+    """Block verification is a rule for chains (verify.py): refuse it with a method that
+    always drafts trees, or with tree drafts asked for."""
+    if spec.verify != "block":
+        return
+    trees = [m.name for m in _METHODS.values() if m.tree == TREE and spec.may_use(m.name)]
+    chains = ", ".join(m.name for m in _METHODS.values() if m.tree != TREE and m.name != "none")
+    if trees:
+        what, fix = f"{' and '.join(trees)} draft trees", f"a chain method ({chains})"
+    elif spec.use_tree_spec:
+        what, fix = "use_tree_spec asks for trees", "leave use_tree_spec out"
+    else:
+        return
+    raise LeapDecodeError(
+        f"verify=block checks chains of drafts, and {what}: use verify=token or auto, or {fix}",
+        field="verify",
+    )
