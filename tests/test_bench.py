@@ -110,6 +110,23 @@ def test_quick_bench_writes_table_json_and_plots(tmp_path, tiny):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
 
+def test_sampled_bench_run_seeds_every_method_and_verifies_chains_as_blocks(tmp_path, tiny):
+    """--temperature samples every method (each request seeded), --verify reaches our chains
+    (tree settings keep the token rule); outputs are checked against their own repeats."""
+    out = tmp_path / "sampled"
+    argv = ["bench", "run", *tiny, "--out", str(out), "--temperature", "0.8", "--verify",
+            "block", "--per-category", "1", "--repeats", "2", "--draft-k", "2", "--ngram-k", "4",
+            "--tree-k", "8", "--eagle-k", "6", "--categories", "completion,revision",
+            "--methods", "none,draft,ngram-tree,eagle,hf-generate,hf-assisted"]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert {c["name"] for c in data["cells"]} == {"none", "draft", "ngram-tree", "eagle",
+                                                  "hf-generate", "hf-assisted"}  # fmt: skip
+    for c in data["cells"]:
+        assert c["mismatches"]["non_tie"] == 0, (c["method"], c["mismatches"])  # seeded repeats
+    assert "sampled at temperature 0.8" in (out / "results.md").read_text()
+
+
 @pytest.mark.parametrize(
     "argv, needle",
     [
@@ -122,6 +139,8 @@ def test_quick_bench_writes_table_json_and_plots(tmp_path, tiny):
         (["--prompts", "/nonexistent"], "leapdecode bench prompts"),
         (["--suffix-spec-factor", "1,x"], "comma-separated numbers"),
         (["--suffix-spec-factor", "-1"], "suffix_decoding_max_spec_factor must be in"),
+        (["--temperature", "-1"], "temperature must be a finite number >= 0"),
+        (["--draft-min-prob", "1.5"], "--draft-min-prob must be in [0, 1)"),
     ],
 )
 def test_bench_bad_input_is_one_line(capsys, tmp_path, argv, needle):

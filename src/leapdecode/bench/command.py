@@ -9,7 +9,8 @@ import time
 
 import torch
 
-from ..config import MAX_K
+from ..cli_args import add_verify_arg
+from ..config import MAX_K, SamplingParams, SpecConfig
 from ..errors import LeapDecodeError
 from ..paths import PROMPTS, REPO
 
@@ -26,8 +27,6 @@ def _ks(text: str, flag: str) -> list[int]:
 
 def _factors(text: str) -> list[float]:
     """'1,4' -> [1.0, 4.0]: suffix's draft caps, each checked as SpecConfig checks it."""
-    from ..config import SpecConfig
-
     try:
         out = sorted({float(x) for x in text.split(",") if x.strip()})
     except ValueError:
@@ -83,6 +82,16 @@ def add_parsers(sub, model_args) -> None:
         default=0.0,
         help="draft confidence cut-off, ours and assisted generation's alike",
     )
+    run.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0 (default): greedy, every output checked against its reference; above 0: "
+        "every method samples at this temperature (each request seeded with --seed), outputs "
+        "checked only against their own repeats (the sampling tests prove the distribution)",
+    )
+    run.add_argument("--seed", type=int, default=0, help="each sampled request's seed")
+    add_verify_arg(run)
     run.add_argument("--prompts", default=PROMPTS, help="folder of <category>.jsonl files")
     run.add_argument("--out", default=os.path.join("bench", "results"))
     run.add_argument("--categories", default="completion,revision,grounded,free")
@@ -273,6 +282,8 @@ def cmd_run(args) -> int:
             print(f"vLLM {check_python(vllm_python)} from {vllm_python}")
     if not 0 <= args.draft_min_prob < 1:
         raise LeapDecodeError("--draft-min-prob must be in [0, 1)")
+    gen = runner.Generation(args.temperature, args.seed, args.draft_min_prob, args.verify)
+    SamplingParams(temperature=gen.temperature, seed=gen.seed)  # checked before loading
     sets = workloads.load(args.prompts, cats)
     if per_cat is not None:
         if per_cat < 1:
@@ -340,7 +351,7 @@ def cmd_run(args) -> int:
             methods,
             repeats,
             cap,
-            args.draft_min_prob,
+            gen,
             partial,
             _signature(args, target, draft, dec, sets, methods, repeats, cap),
             vllm,
@@ -359,7 +370,7 @@ def cmd_run(args) -> int:
         with torch.inference_mode():
             return peers.target(input_ids=torch.tensor([ids])).logits[0, -1]
 
-    mism = lossless.check(records, logits_fn, dec.target.dtype, prompts)
+    mism = lossless.check(records, logits_fn, dec.target.dtype, prompts, gen.temperature > 0)
     meta = _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed)
     if vllm is not None:
         meta["vllm"] = {
@@ -447,6 +458,9 @@ def _signature(args, target, draft, dec, sets, methods, repeats, cap) -> dict:
         "repeats": repeats,
         "cap": cap,
         "draft_min_prob": args.draft_min_prob,
+        "temperature": args.temperature,
+        "seed": args.seed if args.temperature else None,
+        "verify": args.verify,
         "prompts": prompts,
         "torch": torch.__version__,
     }
@@ -470,8 +484,14 @@ def _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed) -> dict:
     target, draft = show(target), show(draft)
     setup = (
         f"Target `{target}` ({str(dec.target.dtype).replace('torch.', '')}), draft "
-        f"`{draft}` ({str(dec.draft.dtype).replace('torch.', '') if dec.draft else '-'}); greedy; "
-        f"{sum(len(v) for v in sets.values())} prompts ({', '.join(f'{k}: {len(v)}' for k, v in sets.items())}); "
+        f"`{draft}` ({str(dec.draft.dtype).replace('torch.', '') if dec.draft else '-'}); "
+        + (
+            f"sampled at temperature {args.temperature} (seed {args.seed} a request; verify="
+            f"{args.verify}; outputs checked against their own repeats only); "
+            if args.temperature
+            else "greedy; "
+        )
+        + f"{sum(len(v) for v in sets.values())} prompts ({', '.join(f'{k}: {len(v)}' for k, v in sets.items())}); "
         f"median of {repeats} interleaved rounds after a warm-up"
         + (f"; draft confidence cut-off {args.draft_min_prob}" if args.draft_min_prob else "")
         + (f"; max_new_tokens capped at {cap}" if cap else "")
@@ -495,6 +515,8 @@ def _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed) -> dict:
         "seconds": elapsed,
         "torch": torch.__version__,
         "draft_min_prob": args.draft_min_prob,
+        "temperature": args.temperature,
+        "verify": args.verify,
     }
 
 

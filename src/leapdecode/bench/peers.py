@@ -35,18 +35,28 @@ class HFPeers:
 
     @torch.inference_mode()
     def generate(
-        self, ids: list[int], method: str, k: int, max_new_tokens: int, min_prob: float = 0.0
+        self,
+        ids: list[int],
+        method: str,
+        k: int,
+        max_new_tokens: int,
+        min_prob: float = 0.0,
+        temperature: float = 0.0,
+        seed: int = 0,
     ) -> tuple[list[int], int]:
-        """Greedy tokens after the prompt, and the target forwards it took."""
+        """Tokens after the prompt (greedy, or sampled at `temperature` from `seed`), and the
+        target forwards it took."""
         x = torch.tensor([ids])
         kwargs = dict(
             attention_mask=torch.ones_like(x),
             max_new_tokens=max_new_tokens,
-            do_sample=False,
-            temperature=None,
+            do_sample=temperature > 0,
+            temperature=temperature or None,
             top_p=None,
             top_k=None,
         )
+        if temperature > 0:
+            torch.manual_seed(seed)  # transformers samples from torch's global generator
         if method == "hf-assisted":
             # transformers reads these from the *assistant's* generation config (defaults: 20
             # tokens and a 0.4 confidence cut-off), not from generate()'s arguments.

@@ -34,6 +34,7 @@ from tqdm import tqdm
 from ..api import LeapDecoder
 from ..config import SpecConfig
 from ..errors import LeapDecodeError
+from ..proposers import registry
 from .vllm_peer import NAMES
 
 # leapdecode method -> its Hugging Face transformers counterpart (vLLM's: vllm_peer.COUNTERPART)
@@ -210,26 +211,43 @@ def vllm_method_list(
     return methods
 
 
-def _run_once(dec: LeapDecoder, peers, m: Method, ids, max_new: int, min_prob: float, vllm=None):
+@dataclass(frozen=True)
+class Generation:
+    """How every method of a run generates: greedy (temperature 0) or sampled with one seed
+    a request; the draft confidence cut-off; our chains' verification rule."""
+
+    temperature: float = 0.0
+    seed: int = 0
+    draft_min_prob: float = 0.0
+    verify: str = "auto"
+
+    def ours(self, m: Method) -> dict:
+        # block verification is for chains: tree settings keep the token rule (verify.py)
+        chain = registry.get(m.method).tree != registry.TREE and not m.options.get("use_tree_spec")
+        sampled = dict(temperature=self.temperature, seed=self.seed) if self.temperature else {}
+        verify = self.verify if chain or self.verify != "block" else "token"
+        return dict(draft_min_prob=self.draft_min_prob, verify=verify, **sampled)
+
+
+def _run_once(dec: LeapDecoder, peers, m: Method, ids, max_new: int, gen: Generation, vllm=None):
     """(seconds, tokens, stats, target forwards): stats are ours, {"proposed", "accepted"}
     for vLLM (its own counters), None for transformers."""
     gc.collect()  # no method pays for garbage another one left
     if m.vllm:  # timed inside the vLLM worker, around LLM.generate
-        secs, tokens, forwards, proposed, accepted = vllm.generate(m.label, ids, max_new)
+        secs, tokens, forwards, proposed, accepted = vllm.generate(
+            m.label, ids, max_new, gen.temperature, gen.seed
+        )
         return secs, tokens, {"proposed": proposed, "accepted": accepted}, forwards
     if m.ours:
         t0 = time.perf_counter()
         out = dec.generate(
-            ids,
-            method=m.method,
-            k=m.k,
-            max_new_tokens=max_new,
-            draft_min_prob=min_prob,
-            **m.options,
+            ids, method=m.method, k=m.k, max_new_tokens=max_new, **gen.ours(m), **m.options
         )
         return time.perf_counter() - t0, out.token_ids, out.stats, out.stats.target_forwards
     t0 = time.perf_counter()
-    tokens, forwards = peers.generate(ids, m.name, m.k, max_new, min_prob)
+    tokens, forwards = peers.generate(
+        ids, m.name, m.k, max_new, gen.draft_min_prob, gen.temperature, gen.seed
+    )
     return time.perf_counter() - t0, tokens, None, forwards
 
 
@@ -309,7 +327,7 @@ def run(
     methods: list[Method],
     repeats: int,
     max_new_cap: int | None = None,
-    draft_min_prob: float = 0.0,
+    gen: Generation = Generation(),
     partial: str | None = None,
     signature: dict | None = None,
     vllm=None,
@@ -327,7 +345,7 @@ def run(
     first = next(iter(sets.values()))[0]
     warm_ids = dec.encode(first["prompt"])
     for m in methods:  # warm-up: allocator, oneDNN kernels, caches
-        _run_once(dec, peers, m, warm_ids, 16, draft_min_prob, vllm)
+        _run_once(dec, peers, m, warm_ids, 16, gen, vllm)
 
     with _frozen_heap():
         records: list[Record] = []
@@ -359,7 +377,7 @@ def run(
                     for m in round_order(methods, rep):
                         bar.set_postfix_str(f"{cat} {row['id']} {m.label}")
                         secs, tokens, stats, forwards = _run_once(
-                            dec, peers, m, ids, max_new, draft_min_prob, vllm
+                            dec, peers, m, ids, max_new, gen, vllm
                         )
                         r = recs[m]
                         r.seconds.append(secs)

@@ -375,14 +375,16 @@ class VllmPeers:
             self.close()
             raise
 
-    def generate(self, label: str, ids: list[int], max_new_tokens: int):
+    def generate(self, label: str, ids: list[int], max_new_tokens: int, temperature=0.0, seed=0):
         """(seconds, tokens, target forwards, drafted, accepted), timed inside the worker;
         forwards are the engine's steps (the prefill included), accepted the tokens past
-        one a forward."""
+        one a forward. Greedy, or sampled at `temperature` from `seed`."""
         w = self.workers[label]
         w.wake()
+        msg = dict(op="generate", ids=list(ids), max_new_tokens=max_new_tokens)
+        msg |= dict(temperature=temperature, seed=seed)
         try:
-            r = w.call({"op": "generate", "ids": list(ids), "max_new_tokens": max_new_tokens})
+            r = w.call(msg)
         finally:
             w.idle()
         tokens = r["tokens"]

@@ -91,8 +91,10 @@ def main() -> int:
             elif msg["op"] == "generate":
                 from vllm.inputs import TokensPrompt
 
+                sampled = msg.get("temperature", 0.0) > 0
                 sp = params(
-                    temperature=0.0,
+                    temperature=msg.get("temperature", 0.0),
+                    seed=msg.get("seed") if sampled else None,
                     max_tokens=msg["max_new_tokens"],
                     ignore_eos=msg.get("ignore_eos", False),
                 )
