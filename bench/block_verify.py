@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import sys
 
 import torch
 
@@ -110,15 +111,10 @@ def main() -> int:
     ap.add_argument("--ks", default="2,4")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "block_verify"))
     args = ap.parse_args()
-    from leapdecode.api import LeapDecoder
-    from leapdecode.bench import workloads
-    from leapdecode.paths import DRAFT_NAME, TARGET_NAME, default_model
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from pard_predict import embedded_pair
 
-    dec = LeapDecoder.from_pretrained(
-        default_model(TARGET_NAME), draft=default_model(DRAFT_NAME), threads=args.threads,
-        compile=True, max_num_seqs=1,
-    )  # fmt: skip
-    sets = workloads.load(os.path.join(ROOT, "bench", "prompts"), ("completion", "revision"))
+    dec, sets = embedded_pair(args.threads)
     prompts = [dec.encode(r["prompt"]) for rows in sets.values() for r in rows[: args.prompts]]
     dec.generate(prompts[0], method="draft", k=2, max_new_tokens=8, temperature=1.0, seed=0)
     paired = Paired()

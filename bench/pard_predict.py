@@ -114,6 +114,21 @@ def predict(eng: dict, ms: dict) -> list[dict]:
     return rows
 
 
+def embedded_pair(threads: int):
+    """The embedded pair as `--compile` runs it, one sequence at a time, and the bench's
+    completion and revision prompts."""
+    from leapdecode.api import LeapDecoder
+    from leapdecode.bench import workloads
+    from leapdecode.paths import DRAFT_NAME, TARGET_NAME, default_model
+
+    dec = LeapDecoder.from_pretrained(
+        default_model(TARGET_NAME), draft=default_model(DRAFT_NAME), threads=threads,
+        compile=True, max_num_seqs=1,
+    )  # fmt: skip
+    prompts = os.path.join(ROOT, "bench", "prompts")
+    return dec, workloads.load(prompts, ("completion", "revision"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=1)
@@ -122,15 +137,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "pard_predict"))
     args = ap.parse_args()
-    from leapdecode.api import LeapDecoder
-    from leapdecode.bench import workloads
-    from leapdecode.paths import DRAFT_NAME, TARGET_NAME, default_model
-
-    dec = LeapDecoder.from_pretrained(
-        default_model(TARGET_NAME), draft=default_model(DRAFT_NAME), threads=args.threads,
-        compile=True, max_num_seqs=1,
-    )  # fmt: skip
-    sets = workloads.load(os.path.join(ROOT, "bench", "prompts"), ("completion", "revision"))
+    dec, sets = embedded_pair(args.threads)
     result = {"threads": args.threads, "torch": torch.__version__, "categories": {}}
     for cat, rows in sets.items():
         prompts = [dec.encode(r["prompt"]) for r in rows[: args.prompts]]

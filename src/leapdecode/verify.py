@@ -61,6 +61,21 @@ def greedy_accept(
     return n_accepted, next_token
 
 
+def _no_drafts(p: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows without drafts: none accepted, the next token sampled from p [B, 1, V]."""
+    n = torch.zeros(p.shape[0], dtype=torch.long, device=p.device)
+    return n, sample_from(p[:, 0], uniforms[:, 0])
+
+
+def _ratio(p: torch.Tensor, q: torch.Tensor | None, drafts: torch.Tensor) -> torch.Tensor:
+    """p(d_i) / q(d_i) for each draft [B, k] (1 where q gives it no mass; q None: one-hot)."""
+    p_draft = p[:, : drafts.shape[1]].gather(-1, drafts[..., None])[..., 0]  # [B, k]
+    if q is None:
+        return p_draft
+    q_draft = q.gather(-1, drafts[..., None])[..., 0]  # [B, k]
+    return torch.where(q_draft > 0, p_draft / q_draft.clamp(min=1e-30), torch.ones_like(p_draft))
+
+
 def rejection_accept(
     p: torch.Tensor,  # [B, k+1, V] target's processed probabilities
     q: torch.Tensor | None,  # [B, k, V] drafter's processed probabilities; None = one-hot
@@ -73,16 +88,8 @@ def rejection_accept(
     uniforms = uniforms.to(p.device)
     rows = torch.arange(batch, device=p.device)
     if k == 0:
-        return torch.zeros(batch, dtype=torch.long, device=p.device), sample_from(
-            p[:, 0], uniforms[:, 0]
-        )
-
-    p_draft = p[:, :k].gather(-1, drafts[..., None])[..., 0]  # [B, k]
-    if q is None:
-        q_draft = torch.ones_like(p_draft)
-    else:
-        q_draft = q.gather(-1, drafts[..., None])[..., 0]  # [B, k]
-    ratio = torch.where(q_draft > 0, p_draft / q_draft.clamp(min=1e-30), torch.ones_like(p_draft))
+        return _no_drafts(p, uniforms)
+    ratio = _ratio(p, q, drafts)  # [B, k]
     ok = (uniforms[:, :k] < ratio.clamp(max=1.0)) & _valid(n_drafts, k)  # [B, k]
     n_accepted = ok.long().cumprod(-1).sum(-1)  # [B]
 
@@ -113,12 +120,8 @@ def block_accept(
     uniforms = uniforms.to(p.device)
     rows = torch.arange(batch, device=p.device)
     if k == 0:
-        return torch.zeros(batch, dtype=torch.long, device=p.device), sample_from(
-            p[:, 0], uniforms[:, 0]
-        )
-    p_draft = p[:, :k].gather(-1, drafts[..., None])[..., 0]  # [B, k]
-    q_draft = q.gather(-1, drafts[..., None])[..., 0]  # [B, k]
-    ratio = torch.where(q_draft > 0, p_draft / q_draft.clamp(min=1e-30), torch.ones_like(p_draft))
+        return _no_drafts(p, uniforms)
+    ratio = _ratio(p, q, drafts)  # [B, k]
     weight = torch.ones(batch, device=p.device)  # w_i  [B]
     kept = torch.zeros(batch, dtype=torch.long, device=p.device)  # tau  [B]
     kept_weight = torch.ones(batch, device=p.device)  # w_tau  [B]
