@@ -36,13 +36,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KMAX = 8
 
 
-def engine_figures(dec, prompts, max_new: int) -> dict:
-    """ms a token under `none`, acceptance by position and ms a token under `draft` k."""
+def engine_figures(dec, prompts, max_new: int, method: str = "draft", tag: str = "") -> dict:
+    """ms a token under `none`, acceptance by position and ms a token under `method` at k."""
     from tqdm import tqdm
 
     out = {}
-    configs = [("none", 0)] + [("draft", k) for k in (1, 2, 3, 4, KMAX)]
-    for method, k in tqdm(configs, desc="engine runs", unit="config"):
+    configs = [("none", 0)] + [(method, k) for k in (1, 2, 3, 4, KMAX)]
+    for method, k in tqdm(configs, desc=f"engine runs{tag}", unit="config"):
         decode_s, tokens, steps = 0.0, 0, 0
         acc = [0] * KMAX
         for ids in prompts:
@@ -136,27 +136,51 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "pard_predict"))
+    ap.add_argument("--pard", default=os.path.join(ROOT, "models", "leap-code-draft-pard"),
+                    help="a trained parallel draft to measure beside the prediction (skipped "
+                    "where absent)")  # fmt: skip
     args = ap.parse_args()
     dec, sets = embedded_pair(args.threads)
-    result = {"threads": args.threads, "torch": torch.__version__, "categories": {}}
+    pard = None
+    if os.path.isfile(os.path.join(args.pard, "config.json")):
+        from leapdecode.api import LeapDecoder
+        from leapdecode.paths import TARGET_NAME, default_model
+
+        pard = LeapDecoder.from_pretrained(default_model(TARGET_NAME), draft=args.pard,
+                                           threads=args.threads, compile=True, max_num_seqs=1)  # fmt: skip
+    result = {"threads": args.threads, "torch": torch.__version__, "categories": {},
+              "pard": os.path.relpath(args.pard, ROOT) if pard else None}  # fmt: skip
     for cat, rows in sets.items():
         prompts = [dec.encode(r["prompt"]) for r in rows[: args.prompts]]
         eng = engine_figures(dec, prompts, args.max_new_tokens)
+        if pard is not None:
+            measured = engine_figures(pard, prompts, args.max_new_tokens, "pard", " (pard)")
+            result["categories"].setdefault(cat, {})["pard_measured"] = measured
         context = int(statistics.median(len(x) for x in prompts)) + args.max_new_tokens // 2
         dec.engine.allocate()
         ms = timings(dec.engine.target, dec.engine.draft, context, args.reps)
         dec.engine.allocate()
-        result["categories"][cat] = {"engine": eng, "ms": ms, "context": context,
-                                     "predicted": predict(eng, ms)}  # fmt: skip
+        result["categories"].setdefault(cat, {}).update(
+            engine=eng, ms=ms, context=context, predicted=predict(eng, ms)
+        )
     write(result, args)
     return 0
+
+
+def _measured(pm: dict | None, k: int, best_chain: float) -> str:
+    """The trained parallel draft's cell at k ("–" where not run)."""
+    if not pm or f"pard{k}" not in pm:
+        return "–"
+    x = pm["none"]["ms_per_token"] / pm[f"pard{k}"]["ms_per_token"]
+    return f"{pm[f'pard{k}']['tokens_per_step']:.2f}, {x:.2f}, {x / best_chain:.2f}"
 
 
 def write(result: dict, args) -> None:
     with open(args.out + ".json", "w") as f:
         json.dump(result, f, indent=1)
     lines = [
-        "# A parallel draft on the embedded pair: the speedup predicted before training one",
+        "# A parallel draft on the embedded pair: the speedup predicted before training one, "
+        "and the trained one measured",
         "",
         f"`python bench/pard_predict.py --threads {args.threads}`: torch {result['torch']}, "
         f"{args.threads} thread(s), the target compiled, the draft eager (as `--compile` runs "
@@ -183,9 +207,11 @@ def write(result: dict, args) -> None:
             "",
             "| k | tokens a step | chain measured x none | chain predicted x none | "
             "pard predicted x none (upper bound) | pard / best chain measured | "
-            "tokens a step pard needs to tie none |",
-            "|---|---|---|---|---|---|---|",
+            "tokens a step pard needs to tie none | pard measured: tokens a step, x none, "
+            "/ best chain |",
+            "|---|---|---|---|---|---|---|---|",
         ]
+        pm = c.get("pard_measured")
         best_chain = max(
             eng[f"draft{k}"]["tokens_per_step"] and
             eng["none"]["ms_per_token"] / eng[f"draft{k}"]["ms_per_token"]
@@ -197,8 +223,12 @@ def write(result: dict, args) -> None:
             lines.append(
                 f"| {r['k']} | {r['tokens_per_step']:.2f} | {m} | {r['chain_x_none']:.2f} | "
                 f"{r['pard_x_none']:.2f} | {r['pard_x_none'] / best_chain:.2f} | "
-                f"{r['pard_needed_tokens']:.2f} |"
+                f"{r['pard_needed_tokens']:.2f} | {_measured(pm, r['k'], best_chain)} |"
             )
+        if pm:
+            p = " ".join(f"{x:.2f}" for x in pm[f"pard{KMAX}"]["p"])
+            lines += ["", f"The trained parallel draft ({result['pard']}): acceptance by "
+                      f"position (k={KMAX}, absolute) {p}."]  # fmt: skip
         lines.append("")
     lines += ["![predicted](pard_predict.png)", ""]
     with open(args.out + ".md", "w") as f:
@@ -213,6 +243,11 @@ def write(result: dict, args) -> None:
         ks = [r["k"] for r in c["predicted"]]
         ax.plot(ks, [r["chain_x_none"] for r in c["predicted"]], "o-", label="chain (predicted)")
         ax.plot(ks, [r["pard_x_none"] for r in c["predicted"]], "s-", label="pard (upper bound)")
+        pm = c.get("pard_measured")
+        if pm:
+            got = [(k, pm["none"]["ms_per_token"] / pm[f"pard{k}"]["ms_per_token"])
+                   for k in ks if f"pard{k}" in pm]  # fmt: skip
+            ax.plot(*zip(*got, strict=True), "D", label="pard (trained, measured)")
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_title(cat)
         ax.set_xlabel("k")

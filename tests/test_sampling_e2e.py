@@ -9,6 +9,8 @@ test must give a p-value above 1e-4. Seeds are fixed, so the test is determinist
 """
 
 import itertools
+import json
+import os
 
 import numpy as np
 import pytest
@@ -36,6 +38,11 @@ def models(tmp_path_factory, tok_dir):
     target.save_pretrained(path)
     draft_path = str(tmp_path_factory.mktemp("bigram_draft"))
     helpers.make_noisy_copy(target, draft_path, noise=0.5, seed=4, tokenizer_dir=tok_dir)
+    config_path = os.path.join(draft_path, "config.json")  # also a parallel draft (pard)
+    with open(config_path) as f:
+        config = json.load(f)
+    with open(config_path, "w") as f:
+        json.dump({**config, "pard_token": config["vocab_size"] - 1}, f)
     # heads learn from the target's own samples (self-distillation data, as Medusa-2)
     root = tmp_path_factory.mktemp("bigram_heads")
     plain = LeapDecoder.from_pretrained(path, speculators=[])
@@ -134,6 +141,8 @@ def test_exact_distribution_is_spread(exact):
         ("draft", {"draft_min_prob": 0.3}),
         ("draft", {"verify": "token"}),
         ("draft", {"verify": "token", "draft_min_prob": 0.3}),
+        ("pard", {}),
+        ("pard", {"verify": "token"}),
         ("ngram", {"ngram_min": 1, "verify": "block"}),
         ("ngram", {"ngram_min": 1}),
         ("ngram", {"ngram_min": 1, "use_tree_spec": True}),

@@ -313,3 +313,32 @@ def test_the_dynamic_schedule_is_our_static_table_as_vllms_ranges():
     assert dynamic_schedule(STATIC_TABLE, 16) == [[1, 1, 4], [2, 3, 3], [4, 7, 2], [8, 15, 1],
                                                   [16, 16, 0]]  # fmt: skip
     assert dynamic_schedule(STATIC_TABLE, 32)[-1] == [16, 32, 0]
+
+
+def test_vllm_runs_our_parallel_draft_as_its_own_parallel_drafting(embedded, prompts, tmp_path):
+    """Our trained parallel draft (models/leap-code-draft-pard: config.json names its
+    pard_token) loads in vLLM as `draft_model` with `parallel_drafting`, and gives plain
+    decoding's greedy tokens. Where vLLM's CPU build cannot run it, skipped with its error."""
+    from leapdecode.bench.vllm_peer import VllmPeers, spec_config
+    from leapdecode.paths import default_model
+
+    pard = default_model("leap-code-draft-pard")
+    if pard is None:
+        pytest.skip("the embedded parallel draft is not in models/ (leapdecode train pard)")
+    python = _vllm_python()
+    configs = [("vllm", None), ("pard", spec_config("vllm-pard", 4, draft=pard))]
+    try:
+        peers = VllmPeers(python, embedded[0], configs, "float32", 1024, 1, str(tmp_path),
+                          engine_args={"enforce_eager": True}, warm_up=0)  # fmt: skip
+    except LeapDecodeError as e:
+        pytest.skip(f"vLLM's CPU build cannot run parallel drafting: {e}")
+    try:
+        accepted = 0
+        for ids in prompts:
+            _, plain, *_ = peers.generate("vllm", ids, 48)
+            _, spec, _, _, acc = peers.generate("pard", ids, 48)
+            assert spec == plain, ids[:8]
+            accepted += acc
+        assert accepted > 0
+    finally:
+        peers.close()

@@ -136,6 +136,10 @@ def spec_config(
         if draft is None:
             raise LeapDecodeError("vllm-draft needs a draft model: pass --draft PATH")
         spec |= {"method": "draft_model", "model": draft}
+    elif name == "vllm-pard":  # a parallel draft (config.json names its pard_token)
+        if draft is None:
+            raise LeapDecodeError("vllm-pard needs a parallel draft: pass --draft PATH")
+        spec |= {"method": "draft_model", "model": draft, "parallel_drafting": True}
     elif name in ("vllm-suffix", "vllm-leap-suffix"):
         # no global cache of earlier outputs: the rounds repeat each prompt, and the cache
         # would hold this very prompt's earlier answers (ours holds only earlier prompts')

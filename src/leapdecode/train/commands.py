@@ -89,6 +89,10 @@ def add_parsers(sub) -> None:
 
     add_heads(what, _data_args)
 
+    from .pard import add_parser as add_pard
+
+    add_pard(what, _data_args)
+
     from .sizing import add_parser as add_sizing
 
     add_sizing(what, _data_args, _loop_args)
@@ -251,6 +255,12 @@ def cmd_heads(args) -> int:
     return run(args)
 
 
+def cmd_pard(args) -> int:
+    from .pard import cmd_pard as run
+
+    return run(args)
+
+
 def cmd_train(args) -> int:
     return {
         "tokenizer": cmd_tokenizer,
@@ -263,4 +273,5 @@ def cmd_train(args) -> int:
         "edits": cmd_edits,
         "medusa": cmd_heads,
         "eagle": cmd_heads,
+        "pard": cmd_pard,
     }[args.what](args)

@@ -86,7 +86,7 @@ def _check(args) -> None:
         raise LeapDecodeError(f"--target {args.target!r} is not a model folder (no config.json)")
 
 
-def _tokens(args, teacher_path: str, run_dir: str):
+def token_streams(args, teacher_path: str, run_dir: str):
     """(train, validation) token streams: --tokens (its last 5% held out: the data the
     heads will see), or the corpus splits encoded with the target's tokenizer, cached in
     the run folder (so a cache never outlives the tokenizer it was made with)."""
@@ -165,7 +165,7 @@ def cmd_heads(args) -> int:
             f"--context {args.context} needs windows of {args.context + 1} tokens; the "
             f"target's context is {longest}: lower --context"
         )
-    train, val = _tokens(args, args.target, run_dir)
+    train, val = token_streams(args, args.target, run_dir)
     stamp = fingerprint(args.target, tokens=args.tokens, tokens_len=len(train))
     common = dict(
         steps=args.steps,
