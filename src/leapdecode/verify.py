@@ -205,8 +205,9 @@ def accept_batch(
 ) -> tuple[torch.Tensor, list[int], list[int]]:
     """The acceptance rules above for a whole batch, in at most four calls: greedy rows;
     sampled rows with a draft model's drafts (rejection sampling, or block verification for
-    chains whose spec.verify is not "token"; uniforms from the row's draft stream); every other sampled row (deterministic drafts or none: the target's own
-    sample at each position, from the row's per-position uniforms). Each row keeps its own
+    chains whose spec.verify is not "token"; uniforms from the row's draft stream); every
+    other sampled row (deterministic drafts or none: the target's own sample at each
+    position, from the row's per-position uniforms). Each row keeps its own
     temperature / top-k / top-p and seeded streams, so a row draws the same alone or batched.
 
     Returns (paths [B, k]: input indices of each row's accepted drafts, n_accepted,
@@ -221,8 +222,9 @@ def accept_batch(
     stochastic = stochastic & (counts > 0)
     greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
     sampled = [i for i, s in enumerate(seqs) if not s.params.greedy and stochastic[i]]
-    block = [i for i in sampled if tree is None and seqs[i].spec.verify != "token"]
-    rejection = [i for i in sampled if i not in block]
+    as_block = {i for i in sampled if tree is None and seqs[i].spec.verify != "token"}
+    block = [i for i in sampled if i in as_block]
+    rejection = [i for i in sampled if i not in as_block]
     matched = [i for i, s in enumerate(seqs) if not s.params.greedy and not stochastic[i]]
 
     def keep(rows, path, a, t):

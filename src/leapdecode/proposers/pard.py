@@ -106,6 +106,8 @@ class PardProposer(DraftModelProposer):
     def _choose_all(self, seqs, logits, want: list[int]):
         """Each row's k drafts [n, k] and their processed distributions [n, k, V] (None: all
         greedy); a sampled row draws one uniform a draft it keeps, from its draft stream."""
+        if all(s.params.greedy for s in seqs):
+            return logits.argmax(-1), None  # [n, k]
         n, k, _ = logits.shape
         tokens, probs = [], []
         for j in range(k):
@@ -113,8 +115,7 @@ class PardProposer(DraftModelProposer):
             tok, q = self._choose(seqs, logits[:, j], drafting)  # [n], [n, V] | None
             tokens.append(tok)
             probs.append(q)
-        q = None if probs[0] is None else torch.stack(probs, dim=1)
-        return torch.stack(tokens, dim=1), q
+        return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
 
     def accepted(self, seqs: list[Sequence], n_accepted: list[int]) -> None:
         """Nothing to cut: the drafts never entered the draft's cache."""
