@@ -151,6 +151,28 @@ def train_heads(target_dir: str, root: str, steps: int = 60, tokens: str | None 
     return outs[0], outs[1]
 
 
+def train_peagle(target_dir: str, eagle: str, steps: int = 60, k: int = 6,
+                 tokens: str | None = None, lr: float | None = None) -> str:  # fmt: skip
+    """A parallel EAGLE head (`leapdecode train peagle --init EAGLE`) beside `eagle`, trained
+    on the same data as `train_heads` gave it (its corpus folder, or the stream `tokens`)."""
+    from leapdecode.cli import main
+
+    root = os.path.dirname(eagle)
+    out = os.path.join(root, "peagle")
+    argv = ["train", "peagle", "--target", target_dir, "--out", out, "--run-dir", out + "-run",
+            "--data", os.path.join(root, "corpus"), "--val-percent", "20", "--steps", str(steps),
+            "--batch", "4", "--context", "64", "--eval-prompts", "0", "--threads", "1",
+            "--init", eagle, "--k", str(k)]  # fmt: skip
+    argv += ["--tokens", tokens] if tokens else []
+    argv += ["--lr", str(lr)] if lr else []
+    threads = torch.get_num_threads()
+    try:
+        assert main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
 @contextlib.contextmanager
 def planned_methods(scheduler):
     """The methods `scheduler` plans to draft with (k > 0), step by step, while inside."""

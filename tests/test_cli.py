@@ -123,7 +123,7 @@ def bad_cases(tmp_path, target_dir, draft_dir, other_draft):
         "unknown draft dtype": (t + ["--draft-dtype", "int3", "x"], "invalid choice"),
         "unknown auto method": (
             t + ["--method", "auto", "--auto-methods", "magic", "x"],
-            "--auto-methods must be a list of ngram, suffix, draft, medusa, eagle, got magic",
+            "--auto-methods must be a list of ngram, suffix, draft, pard, medusa, eagle, peagle, got magic",
         ),  # fmt: skip
         "infinite temperature": (t + ["--temperature", "inf", "x"], "finite number"),
         "negative draft vocabulary": (

@@ -103,3 +103,29 @@ def test_train_pard_bad_input_is_one_line(capsys, tmp_path, draft_dir):
     assert code == 2 and "--k must be in 2..32" in err and "Traceback" not in err
     code = main(["train", "pard", "--draft", str(tmp_path / "nope"), "--out", str(tmp_path)])
     assert code == 2 and "not a model folder" in capsys.readouterr().err
+
+
+def test_a_parallel_draft_of_its_own_is_weighed_by_auto(target_dir, draft_dir, pard_dir, prompts,
+                                                         hf_target):  # fmt: skip
+    """--pard loads the parallel draft beside the chain draft, each with its own cache: auto
+    plans it (and the chain draft) and stays lossless; given only as --draft, the two would
+    share one cache, and auto leaves pard out."""
+    both = LeapDecoder.from_pretrained(target_dir, draft=draft_dir, pard=pard_dir, speculators=[])
+    assert both.engine.proposers["pard"].model is not both.engine.proposers["draft"].model
+    reference = helpers.greedy_reference(hf_target, prompts, MAX_NEW)
+    with helpers.planned_methods(both.engine.planner) as used:
+        out = both.generate_batch(prompts, method="auto", auto_methods=("draft", "pard"), k=4,
+                                  max_new_tokens=MAX_NEW)  # fmt: skip
+    assert_lossless(prompts, [r.token_ids for r in out], reference, hf_target)
+    assert "pard" in used
+    shared = LeapDecoder.from_pretrained(target_dir, draft=pard_dir, speculators=[])
+    with helpers.planned_methods(shared.engine.planner) as used:
+        out = shared.generate_batch(prompts[:6], method="auto", auto_methods=("draft", "pard"),
+                                    k=4, max_new_tokens=MAX_NEW)  # fmt: skip
+    assert_lossless(prompts[:6], [r.token_ids for r in out], reference[:6], hf_target)
+    assert "pard" not in used
+
+
+def test_pard_flag_refuses_a_draft_without_a_mask_token(target_dir, draft_dir):
+    with pytest.raises(LeapDecodeError, match="is not a parallel draft.*train pard"):
+        LeapDecoder.from_pretrained(target_dir, pard=draft_dir, speculators=[])

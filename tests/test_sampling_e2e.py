@@ -55,7 +55,10 @@ def models(tmp_path_factory, tok_dir):
     np.save(root / "stream.npy", stream)
     heads = helpers.train_heads(path, str(root), steps=150, tokens=str(root / "stream.npy"),
                                 lr=0.01)  # fmt: skip
-    return target, LeapDecoder.from_pretrained(path, draft=draft_path, speculators=list(heads))
+    peagle = helpers.train_peagle(path, heads[1], steps=80, k=4, tokens=str(root / "stream.npy"),
+                                  lr=0.01)  # fmt: skip
+    speculators = [*heads, peagle]
+    return target, LeapDecoder.from_pretrained(path, draft=draft_path, speculators=speculators)
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +155,7 @@ def test_exact_distribution_is_spread(exact):
         ("medusa", {}),
         ("eagle", {}),
         ("eagle", {"speculative_num_steps": 2, "speculative_eagle_topk": 3}),
+        ("peagle", {}),
     ],  # fmt: skip
 )
 def test_first_two_tokens_follow_the_target(decoder, prompt, exact, method, kw):
@@ -194,7 +198,7 @@ def test_all_outcomes_reachable(exact):
 @pytest.mark.parametrize("method,kw", [("ngram", {"ngram_min": 1}),
                                        ("ngram", {"ngram_min": 1, "use_tree_spec": True}),
                                        ("suffix", {}), ("lookahead", {}), ("medusa", {}),
-                                       ("eagle", {})])  # fmt: skip
+                                       ("eagle", {}), ("peagle", {})])  # fmt: skip
 def test_seeded_draftless_methods_emit_what_plain_sampling_emits(decoder, prompt, method, kw):
     """Deterministic drafts are verified by the target's own per-position sample, so a seeded
     request gives the same tokens with or without them (verify.py)."""

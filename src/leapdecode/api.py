@@ -15,6 +15,7 @@ from .frontend import Frontend, GenerationResult, TextStream, load_tokenizer
 from .models import CausalLM, load_model
 from .models.heads import beside, load_found, load_heads
 from .proposers.draft_model import read_vocab_ranking
+from .proposers.pard import mask_token
 from .proposers.suffix import token_strings
 from .sequence import Sequence
 from .threads import set_threads
@@ -60,6 +61,8 @@ class LeapDecoder:
         suffix_decoding_max_tree_depth: int = 24,
         suffix_decoding_max_cached_requests: int = 10_000,
         speculators: dict | None = None,
+        pard: CausalLM | None = None,
+        pard_vocab_ranking: dict | None = None,
     ):
         self.target = target
         self.speculators = dict(speculators or {})  # {"medusa": heads, "eagle": head}
@@ -73,13 +76,17 @@ class LeapDecoder:
             )
         self.max_num_seqs = max_num_seqs
         if draft is not None:
-            self._configure_draft_head(draft_vocab)
+            _restrict_head(draft, draft_vocab_ranking, draft_vocab, target.vocab_size)
+        if pard is not None:  # the folder's own recommendation
+            _restrict_head(pard, pard_vocab_ranking, None, target.vocab_size)
         self._engine: Engine | None = None
         self._engine_options = dict(
             suffix_decoding_max_tree_depth=suffix_decoding_max_tree_depth,
             suffix_decoding_max_cached_requests=suffix_decoding_max_cached_requests,
             medusa=self.speculators.get("medusa"),
             eagle=self.speculators.get("eagle"),
+            peagle=self.speculators.get("peagle"),
+            pard=pard,
             # each token's characters, for matching the text on them (without a tokenizer:
             # tokens only)
             token_strings=None
@@ -107,6 +114,7 @@ class LeapDecoder:
         suffix_decoding_max_cached_requests: int = 10_000,
         speculators: str | list[str] | None = None,
         compile: bool = False,
+        pard: str | None = None,
     ) -> LeapDecoder:
         """device: cpu | cuda (default: $LEAPDECODE_DEVICE, else cpu: the whole test suite
         runs on a GPU with LEAPDECODE_DEVICE=cuda);
@@ -119,9 +127,11 @@ class LeapDecoder:
         suffix_decoding_max_tree_depth / _max_cached_requests: the suffix method's tries
         (vLLM's names and defaults): longest substring counted, and how many finished
         requests' outputs the global trie keeps (FIFO; 0: none);
-        speculators: folders of Medusa / EAGLE heads trained on this target (default: those
-        beside it, `<target>-medusa` and `<target>-eagle`, when the backend can run them;
-        []: none);
+        speculators: folders of Medusa / EAGLE / P-EAGLE heads trained on this target
+        (default: those beside it, `<target>-medusa`, `-eagle`, `-peagle`, when the backend
+        can run them; []: none);
+        pard: a parallel draft model (PARD: its config.json names its mask token), loaded
+        beside the draft with its own cache for `method="pard"` (and auto);
         compile: run the target's decode and verify steps through torch.compile (native
         backend, full attention): compiled before this returns, about a minute a graph the
         first time and seconds once cached (docs/compiled_step.md has the figures)."""
@@ -134,6 +144,16 @@ class LeapDecoder:
             draft_model = load_model(draft, backend, device, draft_dtype or dtype, what="draft")
             _check_same_vocab(target, tokenizer, draft)
         ranking = read_vocab_ranking(draft)
+        pard_model = None
+        if pard is not None:
+            pard_model = load_model(pard, backend, device, draft_dtype or dtype, what="pard")
+            _check_same_vocab(target, tokenizer, pard)
+            if mask_token(pard_model.config) is None:
+                raise LeapDecodeError(
+                    f"--pard {pard!r} is not a parallel draft: its config.json names no mask "
+                    "token (pard_token or mask_token_id); pass a folder `leapdecode train "
+                    "pard` wrote, or pass it as --draft"
+                )
         heads = _speculators(speculators, target, target_model)
         dec = cls(
             target_model,
@@ -146,6 +166,8 @@ class LeapDecoder:
             suffix_decoding_max_tree_depth,
             suffix_decoding_max_cached_requests,
             heads,
+            pard_model,
+            read_vocab_ranking(pard),
         )
         if compile:
             dec.engine.compile()
@@ -165,33 +187,6 @@ class LeapDecoder:
 
     def decode(self, ids: list[int]) -> str:
         return self.frontend.decode(ids)
-
-    def _configure_draft_head(self, draft_vocab: int | None) -> None:
-        """Give the draft the `draft_vocab` most frequent tokens only (None: the draft
-        folder's recommendation, if it has a ranking; 0: the whole vocabulary). Done once:
-        the draft is shared by every request."""
-        ranking = self.draft_vocab_ranking
-        n = (ranking or {}).get("recommended", 0) if draft_vocab is None else draft_vocab
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise LeapDecodeError(
-                f"draft_vocab must be an integer >= 0, got {n!r}", field="draft_vocab"
-            )
-        if n and ranking is None:
-            raise LeapDecodeError(
-                "draft_vocab needs a token ranking (draft_vocab.json) in the draft folder: "
-                "`leapdecode train draft` writes one; or pass draft_vocab=0",
-                field="draft_vocab",
-            )
-        if n == 0 or n >= self.target.vocab_size:
-            self.draft.restrict_head(None)
-            return
-        ids = torch.tensor(sorted(ranking["ranked_token_ids"][:n]), dtype=torch.long)
-        try:
-            self.draft.restrict_head(ids)
-        except LeapDecodeError:
-            if draft_vocab is not None:  # asked for by the caller: say it cannot be had
-                raise
-            self.draft.restrict_head(None)  # only the folder's suggestion: the whole vocabulary
 
     def request(self, prompt: str | list[int], **options) -> Sequence:
         """A validated request for the engine; see `Frontend.request` for the options."""
@@ -257,6 +252,34 @@ class LeapDecoder:
                 yield piece
         if rest := text.rest():
             yield rest
+
+
+def _restrict_head(model: CausalLM, ranking: dict | None, n: int | None, vocab: int) -> None:
+    """Give a draft model the `n` most frequent tokens only (None: its folder's
+    recommendation, if it has a ranking; 0: the whole vocabulary). Done once: the draft is
+    shared by every request."""
+    asked = n
+    n = (ranking or {}).get("recommended", 0) if n is None else n
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise LeapDecodeError(
+            f"draft_vocab must be an integer >= 0, got {n!r}", field="draft_vocab"
+        )
+    if n and ranking is None:
+        raise LeapDecodeError(
+            "draft_vocab needs a token ranking (draft_vocab.json) in the draft folder: "
+            "`leapdecode train draft` writes one; or pass draft_vocab=0",
+            field="draft_vocab",
+        )
+    if n == 0 or n >= vocab:
+        model.restrict_head(None)
+        return
+    ids = torch.tensor(sorted(ranking["ranked_token_ids"][:n]), dtype=torch.long)
+    try:
+        model.restrict_head(ids)
+    except LeapDecodeError:
+        if asked is not None:  # asked for by the caller: say it cannot be had
+            raise
+        model.restrict_head(None)  # only the folder's suggestion: the whole vocabulary
 
 
 def _speculators(speculators, target: str, model: CausalLM) -> dict:

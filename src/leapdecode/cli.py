@@ -196,6 +196,8 @@ def read_prompts_file(path: str) -> list[str]:
 def _resolve_models(args) -> tuple[str, str | None]:
     """--target / --draft, or the embedded pair; a draft is loaded only where it can run."""
     target, draft = resolve_models(args.target, args.draft)
+    if args.method == "pard" and args.draft is not None:
+        return target, draft  # a parallel draft given as the draft: pard runs on it
     if args.method not in ("draft", "auto"):
         return target, None  # only draft and auto run a draft model
     auto = SpecConfig("auto", auto_methods=args.auto_methods) if args.method == "auto" else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from .config import VERIFY_RULES
+from .paths import resolve_pard
 from .proposers import registry
 
 
@@ -15,12 +16,18 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target model folder (Hugging Face format)")
     p.add_argument("--draft", help="draft model folder, same tokenizer as the target")
     p.add_argument(
+        "--pard",
+        metavar="PATH",
+        help="parallel draft model folder (PARD: `leapdecode train pard` writes one) for "
+        "--method pard and auto (default: the embedded one, with the embedded target)",
+    )
+    p.add_argument(
         "--speculator",
         action="append",
         default=None,
         metavar="PATH",
-        help="medusa / eagle heads folder (repeatable; default: <target>-medusa and "
-        "<target>-eagle beside the target, when present)",
+        help="medusa / eagle / peagle heads folder (repeatable; default: <target>-medusa, "
+        "<target>-eagle and <target>-peagle beside the target, when present)",
     )
     p.add_argument("--backend", default="native", choices=["native", "transformers"])
     p.add_argument(
@@ -177,6 +184,7 @@ def load_options(args) -> dict:
         threads=args.threads,
         speculators=args.speculator,
         compile=args.compile,
+        pard=resolve_pard(args.target, args.pard),
     )
     if hasattr(args, "draft_vocab"):
         out["draft_vocab"] = args.draft_vocab

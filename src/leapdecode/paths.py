@@ -16,6 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DEFAULT_MODELS = os.path.join(REPO, "models")
 PROMPTS = os.path.join(REPO, "bench", "prompts")  # the bench prompt sets (a repo checkout)
 TARGET_NAME, DRAFT_NAME = "leap-code-target", "leap-code-draft"
+PARD_NAME = "leap-code-draft-pard"  # the embedded parallel draft (PARD)
 
 
 def models_root() -> str:
@@ -38,3 +39,10 @@ def resolve_models(target: str | None, draft: str | None) -> tuple[str, str | No
         if draft is None:
             draft = default_model(DRAFT_NAME)
     return target, draft
+
+
+def resolve_pard(target: str | None, pard: str | None) -> str | None:
+    """--pard, or the embedded parallel draft when the target is the embedded one."""
+    if pard is None and target is None:
+        return default_model(PARD_NAME)
+    return pard

@@ -78,8 +78,11 @@ class Engine:
         medusa=None,
         eagle=None,
         token_strings: list[str] | None = None,
+        peagle=None,
+        pard: CausalLM | None = None,
     ) -> None:
-        """target, draft: the models; medusa, eagle: heads trained on the target;
+        """target, draft: the models (pard: a parallel draft model beside the draft, with
+        its own cache); medusa, eagle, peagle: heads trained on the target;
         token_strings: each token's text (the suffix method matches characters with it).
         Every registered method whose proposer can run on these is built (registry.py)."""
         if max_num_seqs < 1:
@@ -90,8 +93,10 @@ class Engine:
         parts = Parts(
             target,
             draft,
+            pard,
             medusa,
             eagle,
+            peagle,
             suffix_decoding_max_tree_depth,
             suffix_decoding_max_cached_requests,
             token_strings,
@@ -102,7 +107,7 @@ class Engine:
             if built is not None:
                 built.name = name
                 self.proposers[name] = built
-        self.draft = draft
+        self.draft, self.pard = draft, pard
         self.metrics = metrics
         self.planner = Planner(self.proposers, target, self._profile_costs)
         self.waiting: deque[Sequence] = deque()
@@ -118,8 +123,9 @@ class Engine:
         if self.running or self.waiting:
             return  # the caches are in use
         self.target.allocate(self.max_num_seqs, self.max_len)
-        if self.draft is not None:
-            self.draft.allocate(self.max_num_seqs, self.max_len)
+        for model in (self.draft, self.pard):
+            if model is not None:
+                model.allocate(self.max_num_seqs, self.max_len)
 
     def _profile_costs(self) -> CostModel:
         """The step costs measured on this engine's own (emptied) caches."""

@@ -11,6 +11,14 @@ Input at index t (the pair that guesses token t+2):
     logits over the reduced draft vocabulary = lm_head(norm(o)); o feeds the next step.
 Position of index t: t + 1 (the position of its token; RoPE only sees differences).
 
+A parallel head (P-EAGLE; `parallel` > 0) fills k draft slots in one forward: after the
+last pair (whose output guesses draft 1), slot j = 1..k-1 is fed learnt aux hidden states
+`mask_hidden` [n_aux * target_hidden] (through `fc`, as a real pair's) and the target's
+embedding of a fixed token `pard_token`, at position last + 1 + j; it attends to the cached
+pairs and to slots 1..j, and guesses draft j + 1 (`parallel_forward` trains it; `parallel`
+is the most slots it was trained for). These are vLLM's names and layout for EAGLE-3 with
+`parallel_drafting`, so the head exports as it is.
+
 This is the computation of vLLM's `Eagle3LlamaForCausalLM` (layer 0, norm_before_residual
 false), so the weights export as they are (`speculators_export.py`). The draft vocabulary
 is the `draft_vocab_size` most frequent tokens; `d2t[d]` is the offset that maps draft id d
@@ -70,8 +78,14 @@ class Eagle3Head(nn.Module):
         rope_theta: float = 10000.0,
         max_positions: int = 4096,
         eps: float = 1e-5,
+        parallel: int = 0,
+        pard_token: int = 0,
     ) -> None:
         super().__init__()
+        self.parallel = parallel  # P-EAGLE: the most drafts a forward was trained for (0: none)
+        self.pard_token = pard_token  # ... and the token whose embedding a mask slot reads
+        if parallel:  # a mask slot's aux hidden states (vLLM's `mask_hidden`)
+            self.mask_hidden = nn.Parameter(torch.zeros(len(aux_layers) * target_hidden))
         self.hidden, self.target_hidden = hidden, target_hidden
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.intermediate, self.vocab_size, self.eps = intermediate, vocab_size, eps
@@ -168,6 +182,35 @@ class Eagle3Head(nn.Module):
             g = torch.cat([o[:, :1], o[:, :-1]], dim=1)  # next step at t is fed o at t-1
         return outs
 
+    def mask_feature(self) -> torch.Tensor:
+        """A mask slot's feature g [hidden]."""
+        return self.fc(self.mask_hidden)
+
+    def parallel_forward(
+        self, aux: torch.Tensor, emb: torch.Tensor, k: int, mask_emb: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """P-EAGLE training: aux [B, T, n_aux, target_hidden], emb [B, T, hidden] as in
+        `ttt_forward`; mask_emb [hidden], the target's embedding of `pard_token`. Returns k draft logits [B, T, Vd]: block 0 at index t guesses token
+        t + 2 from the real pairs <= t; block j (a mask slot) at index t guesses token
+        t + 2 + j from the real pairs <= t and the slots 1..j of the same anchor t, the way
+        one drafting forward lays them out. Block j's last j indices have no label."""
+        b, t, _ = emb.shape
+        dev = emb.device
+        idx = torch.arange(t, device=dev)
+        g = torch.cat([self.combine(aux)] + [self.mask_feature().expand(b, t, -1)] * (k - 1), 1)
+        e = torch.cat([emb] + [mask_emb.expand(b, t, -1)] * (k - 1), 1)  # [B, k T, h]
+        # (positions past the table are clamped: those slots guess past the window, unscored)
+        positions = torch.cat([idx + 1 + j for j in range(k)]).clamp(max=self.max_positions - 1)
+        positions = positions.expand(b, k * t)
+        q, keys, values = self.qkv(g, e, positions)
+        block = torch.arange(k, device=dev).repeat_interleave(t)  # [k T] each row's block
+        anchor = idx.repeat(k)  # [k T]
+        real = (block[None, :] == 0) & (anchor[None, :] <= anchor[:, None])
+        slots = (block[None, :] >= 1) & (block[None, :] <= block[:, None])
+        mask = real | (slots & (anchor[None, :] == anchor[:, None]))  # [k T, k T]
+        _, logits = self.finish(g, q, keys, values, mask)
+        return list(logits.split(t, dim=1))
+
     def runner(self) -> Eagle3Runner:
         """The same computation for drafting: fused, inference-only weights."""
         return Eagle3Runner(self)
@@ -189,6 +232,15 @@ class Eagle3Head(nn.Module):
             "max_position_embeddings": self.max_positions,
             "rms_norm_eps": self.eps,
             "norm_before_residual": False,
+            **(
+                {
+                    "parallel_drafting": True,
+                    "pard_token": self.pard_token,
+                    "pard_max_k": self.parallel,
+                }
+                if self.parallel
+                else {}
+            ),
         }
 
     def d2t(self) -> torch.Tensor:
@@ -227,6 +279,8 @@ class Eagle3Head(nn.Module):
                 c["rope_theta"],
                 c["max_position_embeddings"],
                 c["rms_norm_eps"],
+                int(c.get("pard_max_k", 0)) if c.get("parallel_drafting") else 0,
+                int(c.get("pard_token", 0)),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise LeapDecodeError(
@@ -264,6 +318,9 @@ class Eagle3Runner:
         self.norm = head.norm.weight.detach()
         self.lm_head = lay(head.lm_head.weight)
         self.cos, self.sin = head.cos, head.sin
+        self.parallel, self.pard_token = head.parallel, head.pard_token
+        if head.parallel:
+            self.mask_feature = head.mask_feature().detach()  # [hidden]
 
     def _rms(self, x, w):
         return F.rms_norm(x, w.shape, w, self.eps)

@@ -1,8 +1,8 @@
-"""Speculator heads trained on a target (Medusa, EAGLE-3): find, load and check them.
+"""Speculator heads trained on a target (Medusa, EAGLE-3, P-EAGLE): find, load, check them.
 
-With `--method medusa|eagle` the heads come from `--speculator PATH`, or from the folders
-beside the target named `<target>-medusa` and `<target>-eagle`, so the embedded target
-needs no extra flag.
+With `--method medusa|eagle|peagle` the heads come from `--speculator PATH`, or from the
+folders beside the target named `<target>-medusa`, `<target>-eagle` and `<target>-peagle`,
+so the embedded target needs no extra flag.
 """
 
 from __future__ import annotations
@@ -14,30 +14,34 @@ from ..errors import LeapDecodeError
 from .base import CausalLM
 from .head_files import CONFIG
 
-KINDS = ("medusa", "eagle")
+KINDS = ("medusa", "eagle", "peagle")
 
 
 def beside(target: str) -> list[str]:
-    """The head folders next to a target folder (`<target>-medusa`, `<target>-eagle`)."""
+    """The head folders next to a target folder (`<target>-medusa`, `-eagle`, `-peagle`)."""
     base = os.path.abspath(target).rstrip(os.sep)
     return [
         p for p in (f"{base}-{k}" for k in KINDS) if os.path.isfile(os.path.join(p, "config.json"))
     ]
 
 
-ARCH_KINDS = {"MedusaHeads": "medusa", "Eagle3Head": "eagle"}
+ARCH_KINDS = {"MedusaHeads": "medusa", "Eagle3Head": "eagle", "Eagle3Head+parallel": "peagle"}
 
 
 def architecture(path: str) -> str:
     """The first `architectures` entry of the folder's config.json ("" when it has none; the
-    repr of anything that is not a string). Raises LeapDecodeError when it cannot be read."""
+    repr of anything that is not a string), "Eagle3Head+parallel" for a P-EAGLE head.
+    Raises LeapDecodeError when it cannot be read."""
     cfg = os.path.join(path, CONFIG)
     try:
         with open(cfg) as f:
-            archs = json.load(f).get("architectures")
+            config = json.load(f)
+        archs = config.get("architectures")
     except (OSError, ValueError, AttributeError) as e:
         raise LeapDecodeError(f"{cfg} could not be read as a config ({e})") from None
     arch = archs[0] if isinstance(archs, list) and archs else ""
+    if arch == "Eagle3Head" and config.get("parallel_drafting"):
+        return "Eagle3Head+parallel"
     return arch if isinstance(arch, str) else repr(arch)
 
 
@@ -46,12 +50,12 @@ def kind_of(path: str) -> str:
     if not os.path.exists(path):
         raise LeapDecodeError(
             f"speculator path {path!r} does not exist: pass a folder written by "
-            "`leapdecode train medusa` or `leapdecode train eagle`"
+            "`leapdecode train medusa`, `train eagle` or `train peagle`"
         )
     if not os.path.isfile(cfg):
         raise LeapDecodeError(
             f"speculator path {path!r} has no config.json: pass a folder written by "
-            "`leapdecode train medusa` or `leapdecode train eagle`"
+            "`leapdecode train medusa`, `train eagle` or `train peagle`"
         )
     arch = architecture(path)
     kinds = ARCH_KINDS
@@ -78,7 +82,7 @@ def load_found(paths: list[str], target: CausalLM) -> dict[str, object]:
 
 
 def load_heads(paths: list[str], target: CausalLM) -> dict[str, object]:
-    """{"medusa": MedusaHeads, "eagle": Eagle3Head} from the given folders, checked against
+    """{"medusa": MedusaHeads, "eagle" | "peagle": Eagle3Head} from the given folders, checked against
     the target (hidden size, vocabulary, layers, positions)."""
     from .eagle import Eagle3Head
     from .medusa import MedusaHeads
@@ -115,7 +119,7 @@ def load_heads(paths: list[str], target: CausalLM) -> dict[str, object]:
         out[kind] = heads
     if out and target.name != "native":
         raise LeapDecodeError(
-            f"medusa and eagle heads need the target's hidden states and tree attention, "
+            f"medusa, eagle and peagle heads need the target's hidden states and tree attention, "
             f"which the {target.name} backend lacks: use --backend native"
         )
     return out

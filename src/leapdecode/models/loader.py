@@ -90,7 +90,9 @@ def load_config(path: str):
     except LeapDecodeError:
         arch = ""  # transformers says what is wrong with it
     if arch in ARCH_KINDS:
-        kind = "an EAGLE head" if arch == "Eagle3Head" else "Medusa heads"
+        kind = {"MedusaHeads": "Medusa heads", "Eagle3Head": "an EAGLE head"}.get(
+            arch, "a parallel EAGLE head"
+        )
         raise LeapDecodeError(
             f"{path!r} holds {kind}, not a language model: pass it with "
             "--speculator PATH (API: speculators=[PATH])"

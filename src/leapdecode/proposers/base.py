@@ -47,8 +47,10 @@ class Parts:
 
     target: CausalLM
     draft: CausalLM | None = None
+    pard: CausalLM | None = None  # a parallel draft model of its own (its own KV cache)
     medusa: object | None = None  # models.medusa.MedusaHeads
     eagle: object | None = None  # models.eagle.Eagle3Head
+    peagle: object | None = None  # models.eagle.Eagle3Head with parallel drafting (P-EAGLE)
     suffix_max_depth: int = 24  # the suffix tries' longest counted substring
     suffix_max_cached: int = 10_000  # finished requests the global suffix trie keeps
     token_strings: list[str] | None = None  # each token's text (character matching)

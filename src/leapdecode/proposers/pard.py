@@ -14,6 +14,13 @@ distribution each draft was drawn from, so the output is the target's either way
 The mask token comes from the draft's config.json: `pard_token`, else `mask_token_id` (the
 names vLLM reads). `pard_max_k`, where present, is the most drafts it was trained for: a
 larger k is drafted at that size, with a warning (once).
+
+The parallel draft is a model of its own (`Parts.pard`: `--pard PATH`, by default the
+embedded `leap-code-draft-pard` beside the embedded target), with its own KV cache, so `auto`
+weighs it beside the chain draft (one measured proposal a step, like the heads' costs). A
+draft model given as `--draft` that names a mask token also runs `--method pard`, sharing
+the chain draft's cache: then `auto` leaves pard out (a sequence must not mix the two in
+one cache).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import logging
 import torch
 
 from ..sequence import Sequence
-from .base import Drafts, Parts
+from .base import Drafts, Offer, Parts
 from .draft_model import DraftModelProposer
 
 log = logging.getLogger("leapdecode")
@@ -43,20 +50,33 @@ class PardProposer(DraftModelProposer):
 
     name = "pard"
     prior = 0.4
+    costs = "proposal"  # one forward a step whatever k: priced by its measured proposals
 
-    def __init__(self, model, target_vocab_size: int, mask: int, max_k: int | None) -> None:
+    def __init__(
+        self, model, target_vocab_size: int, mask: int, max_k: int | None, shared: bool = False
+    ) -> None:
         super().__init__(model, target_vocab_size)
         self.mask, self.max_k = mask, max_k
+        self.shared = shared  # the chain draft's model and cache: not for auto
         self.warned = False  # the clamp is said once
 
     @classmethod
     def build(cls, parts: Parts) -> PardProposer | None:
-        config = getattr(parts.draft, "config", None)
+        model = parts.pard if parts.pard is not None else parts.draft
+        config = getattr(model, "config", None)
         mask = mask_token(config)
-        if parts.draft is None or mask is None:
+        if model is None or mask is None:
             return None
         max_k = getattr(config, "pard_max_k", None)
-        return cls(parts.draft, parts.target.vocab_size, mask, max_k)
+        return cls(model, parts.target.vocab_size, mask, max_k, shared=parts.pard is None)
+
+    def offer(self, seq: Sequence, budget: int) -> Offer | None:
+        if self.shared or budget < 1:
+            return None
+        return Offer(min(budget, self.max_k or budget))
+
+    def guess_layers(self, seqs: list[Sequence]) -> float:
+        return float(self.model.config.num_hidden_layers)  # about a target layer each
 
     def _k(self, want: int) -> int:
         if self.max_k is None or want <= self.max_k:

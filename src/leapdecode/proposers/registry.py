@@ -68,7 +68,7 @@ for _m in (
            tree=TREE_OPTION),
     Method("draft", _P + "draft_model:DraftModelProposer", auto=True, auto_default=True,
            missing="method 'draft' needs a draft model: pass --draft PATH"),
-    Method("pard", _P + "pard:PardProposer",
+    Method("pard", _P + "pard:PardProposer", auto=True,
            missing="method 'pard' needs a parallel draft: pass --draft PATH to a draft model "
            "whose config.json names its mask token (pard_token or mask_token_id, as vLLM's "
            "parallel drafting reads it)"),
@@ -77,6 +77,8 @@ for _m in (
            missing="method 'medusa' needs Medusa heads, and none is loaded"),
     Method("eagle", _P + "eagle:EagleProposer", auto=True, tree=TREE, hidden=True,
            missing="method 'eagle' needs an EAGLE head, and none is loaded"),
+    Method("peagle", _P + "peagle:PeagleProposer", auto=True, hidden=True,
+           missing="method 'peagle' needs a parallel EAGLE head (P-EAGLE), and none is loaded"),
 ):  # fmt: skip
     register(_m)
 

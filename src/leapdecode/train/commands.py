@@ -1,4 +1,4 @@
-"""`leapdecode train tokenizer | target | draft | selfgen | medusa | eagle | evaluate | ...`."""
+"""`leapdecode train tokenizer | target | draft | selfgen | medusa | eagle | peagle | evaluate | ...`."""
 
 from __future__ import annotations
 
@@ -273,5 +273,6 @@ def cmd_train(args) -> int:
         "edits": cmd_edits,
         "medusa": cmd_heads,
         "eagle": cmd_heads,
+        "peagle": cmd_heads,
         "pard": cmd_pard,
     }[args.what](args)

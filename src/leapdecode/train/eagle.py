@@ -8,6 +8,11 @@ at depth j+1. Every step learns the target's distribution over the draft vocabul
 (soft labels, renormalised over the draft's tokens), weighted 0.8^j. Accuracy by depth is
 measured on held-out windows the same way (greedy: the head's top token equals the target's
 greedy token, on the chain of its own features).
+
+With `parallel=k` (`leapdecode train peagle`) the head learns P-EAGLE's parallel drafting
+instead: one forward per window lays out the real pairs and k - 1 mask slots after every
+anchor (models/eagle.py `parallel_forward`); block j learns the target's distribution j
+tokens further on, weighted 0.8^j, and accuracy is measured by block the same way.
 """
 
 from __future__ import annotations
@@ -63,25 +68,42 @@ def _labels(head: Eagle3Head, logits: torch.Tensor) -> tuple[torch.Tensor, torch
 
 
 def _unroll(head: Eagle3Head, teacher: Teacher, b: torch.Tensor, steps: int):
-    """b [B, T+1] -> (per-step draft logits [B, T, Vd], labels q [B, T, Vd], greedy [B, T])."""
+    """b [B, T+1] -> (per-step draft logits [B, T, Vd], labels q [B, T, Vd], greedy [B, T]),
+    aligned: step j's logits at [:, t] are scored by the labels at [:, t] (ttt steps: the
+    first j indices have no chain; parallel blocks: the last j have no label)."""
     aux, _, logits = teacher.run(b, head.aux_layers)  # aux [B, T+1, n, H]
     emb = teacher.embed(b[:, 1:])  # [B, T, H] the token after each feature
-    outs = head.ttt_forward(aux[:, :-1], emb, steps)
     q, greedy = _labels(head, logits[:, 1:])  # the target's guess for the token after that
-    return outs, q, greedy
+    if head.parallel:  # block j at anchor t guesses what the labels hold at t + j
+        mask_emb = teacher.embed(torch.tensor([[head.pard_token]]))[0, 0]  # [H]
+        outs = head.parallel_forward(aux[:, :-1], emb, steps, mask_emb)
+        t = emb.shape[1]
+        return [(o[:, : t - j], q[:, j:], greedy[:, j:]) for j, o in enumerate(outs)]
+    outs = head.ttt_forward(aux[:, :-1], emb, steps)
+    return [(o[:, j:], q[:, j:], greedy[:, j:]) for j, o in enumerate(outs)]
 
 
 def eagle_loss(head: Eagle3Head, teacher: Teacher, steps: int):
     def step(b: torch.Tensor):
-        outs, q, greedy = _unroll(head, teacher, b, steps)
         total, metrics = 0.0, {}
-        for j, logits in enumerate(outs):
-            total = total + 0.8**j * soft_ce(logits[:, j:].flatten(0, 1), q[:, j:].flatten(0, 1))
-            hit = logits[:, j:].argmax(-1) == greedy[:, j:]
-            metrics[f"acc{j + 1}"] = float(hit.float().mean())
+        for j, (logits, q, greedy) in enumerate(_unroll(head, teacher, b, steps)):
+            total = total + 0.8**j * soft_ce(logits.flatten(0, 1), q.flatten(0, 1))
+            metrics[f"acc{j + 1}"] = float((logits.argmax(-1) == greedy).float().mean())
         return total, metrics
 
     return step
+
+
+def make_parallel(head: Eagle3Head, k: int, tokens: np.ndarray) -> Eagle3Head:
+    """The head with P-EAGLE's mask slots, trained for k: where it has none, `mask_hidden`
+    starts at zero and the mask token is the training stream's least frequent one."""
+    if not head.parallel:
+        n = len(head.aux_layers) * head.target_hidden
+        head.mask_hidden = torch.nn.Parameter(torch.zeros(n))
+        counts = np.bincount(np.asarray(tokens, dtype=np.int64), minlength=head.vocab_size)
+        head.pard_token = int(np.argmin(counts[: head.vocab_size]))
+    head.parallel = k
+    return head
 
 
 @torch.no_grad()
@@ -99,12 +121,12 @@ def measure(
     top1, top4, covered, n = np.zeros(steps), np.zeros(steps), 0, 0
     for w in range(0, windows, 4):
         b = torch.from_numpy(batch_at(tokens, w, 4, context, seed=777))
-        outs, _, greedy = _unroll(head, teacher, b, steps)
-        covered += int((greedy >= 0).sum())
-        n += greedy.numel()
-        for j, logits in enumerate(outs):
-            top = logits[:, j:].topk(4, dim=-1).indices
-            g = greedy[:, j:, None]
+        for j, (logits, _, greedy) in enumerate(_unroll(head, teacher, b, steps)):
+            if j == 0:
+                covered += int((greedy >= 0).sum())
+                n += greedy.numel()
+            top = logits.topk(4, dim=-1).indices
+            g = greedy[..., None]
             top1[j] += float((top[..., :1] == g).float().mean())
             top4[j] += float((top == g).any(-1).float().mean())
     k = len(range(0, windows, 4))
@@ -146,9 +168,11 @@ def train_eagle(
     seed: int = 0,
     stamp: dict | None = None,
     init: str | None = None,
+    parallel: int = 0,
 ):
     """Returns (trained head with its held-out accuracy, training summary). init: a head
-    folder to continue from (its weights and draft vocabulary) instead of a new head."""
+    folder to continue from (its weights and draft vocabulary) instead of a new head;
+    parallel: train P-EAGLE's parallel drafting of that many drafts (ttt_steps is then it)."""
     import hashlib
 
     torch.manual_seed(seed)
@@ -156,8 +180,12 @@ def train_eagle(
         head = init_head(teacher, init)
     else:
         head = new_head(teacher, draft_vocabulary(train_tokens, teacher.vocab, draft_vocab))
+    if parallel:
+        head = make_parallel(head, parallel, train_tokens)
+        ttt_steps = parallel
     vocab_digest = hashlib.sha256(head.draft_ids.numpy().tobytes()).hexdigest()[:16]
-    stamp = {**(stamp or {}), "kind": "eagle", "ttt_steps": ttt_steps, "draft_vocab": vocab_digest}
+    kind = "peagle" if parallel else "eagle"
+    stamp = {**(stamp or {}), "kind": kind, "ttt_steps": ttt_steps, "draft_vocab": vocab_digest}
     if init:  # a run folder continues only the run it began with these weights
         weights = hashlib.sha256()
         for v in head.state_dict().values():
@@ -172,7 +200,7 @@ def train_eagle(
         context=context,
         lr=lr,
         run_dir=run_dir,
-        desc="eagle",
+        desc=kind,
         seed=seed,
         stamp=stamp,
     )

@@ -1,7 +1,10 @@
-"""`leapdecode train medusa | eagle`: speculator heads for a trained target, with a model card.
+"""`leapdecode train medusa | eagle | peagle`: speculator heads for a trained target, with a
+model card.
 
     leapdecode train medusa --target models/leap-code-target --out models/leap-code-target-medusa
     leapdecode train eagle  --target models/leap-code-target --out models/leap-code-target-eagle
+    leapdecode train peagle --target models/leap-code-target --out models/leap-code-target-peagle \
+        --init models/leap-code-target-eagle
 
 Both train against the target's own outputs on the training split of the corpus (or on
 `--tokens F.npy`, e.g. the target's own continuations from `train selfgen`), resumably
@@ -19,13 +22,16 @@ import numpy as np
 
 from ..errors import LeapDecodeError
 
-EVAL_KS = (4, 8, 16)
+EVAL_KS = {"medusa": (4, 8, 16), "eagle": (4, 8, 16), "peagle": (2, 4, 8)}
+TITLES = {"medusa": "Medusa-1 heads", "eagle": "EAGLE-3-style draft head",
+          "peagle": "Parallel EAGLE draft head (P-EAGLE)"}  # fmt: skip
 
 
 def add_parsers(what, data_args) -> None:
     for kind, helptext in (
         ("medusa", "Medusa-1 heads on the target's last hidden state"),
         ("eagle", "an EAGLE-3-style draft head on the target's features"),
+        ("peagle", "a parallel EAGLE head (P-EAGLE: k drafts in one forward)"),
     ):
         p = what.add_parser(kind, help=helptext + " (self-distillation)")
         data_args(p)
@@ -49,25 +55,30 @@ def add_parsers(what, data_args) -> None:
         )
         if kind == "medusa":
             p.add_argument("--heads", type=int, default=4, help="Medusa heads (tokens ahead)")
-        else:
+            continue
+        p.add_argument(
+            "--draft-vocab",
+            type=int,
+            default=2048,
+            help="the head drafts only the N most frequent tokens",
+        )
+        p.add_argument(
+            "--init",
+            default=None,
+            metavar="PATH",
+            help="continue from this trained head (its weights and draft vocabulary; "
+            "--draft-vocab is then ignored); for peagle, an eagle head is a good start",
+        )
+        if kind == "peagle":
             p.add_argument(
-                "--draft-vocab",
-                type=int,
-                default=2048,
-                help="the head drafts only the N most frequent tokens",
+                "--k", type=int, default=8, help="drafts a forward it learns (default 8)"
             )
+        else:
             p.add_argument(
                 "--ttt-steps",
                 type=int,
                 default=4,
                 help="training-time test: draft steps unrolled per position",
-            )
-            p.add_argument(
-                "--init",
-                default=None,
-                metavar="PATH",
-                help="continue from this trained head (its weights and draft "
-                "vocabulary; --draft-vocab is then ignored)",
             )
 
 
@@ -78,6 +89,8 @@ def _check(args) -> None:
         raise LeapDecodeError("--heads must be in 1..16")
     if not 1 <= getattr(args, "ttt_steps", 1) <= 16:
         raise LeapDecodeError("--ttt-steps must be in 1..16")
+    if not 2 <= getattr(args, "k", 2) <= 16:
+        raise LeapDecodeError("--k must be in 2..16")
     if getattr(args, "draft_vocab", 16) < 16:
         raise LeapDecodeError("--draft-vocab must be >= 16")
     if not os.path.exists(args.target):
@@ -132,7 +145,7 @@ def measured_acceptance(target: str, out: str, kind: str, n_prompts: int) -> dic
     dec = LeapDecoder.from_pretrained(target, speculators=[out], dtype="float32")
     prompts = validation_prompts(dec.tokenizer, files, n_prompts)
     result = {}
-    for k in EVAL_KS:
+    for k in EVAL_KS[kind]:
         res = dec.generate_batch(prompts, method=kind, k=k, max_new_tokens=96)
         steps = sum(r.stats.decode_steps for r in res)
         emitted = sum(r.stats.accepted for r in res) + steps
@@ -194,8 +207,9 @@ def cmd_heads(args) -> int:
             train,
             val,
             draft_vocab=args.draft_vocab,
-            ttt_steps=args.ttt_steps,
+            ttt_steps=getattr(args, "ttt_steps", 0),
             init=args.init,
+            parallel=getattr(args, "k", 0) if kind == "peagle" else 0,
             **common,
         )
         accuracy = heads.info.pop("accuracy")
@@ -215,7 +229,7 @@ def cmd_heads(args) -> int:
 
 def write_card(out: str, report: dict) -> None:
     kind, acc, t = report["kind"], report["accuracy"], report["training"]
-    title = {"medusa": "Medusa-1 heads", "eagle": "EAGLE-3-style draft head"}[kind]
+    title = TITLES[kind]
     lines = [
         f"# {title} for `{os.path.basename(out).rsplit('-', 1)[0]}`",
         "",
@@ -243,10 +257,15 @@ def write_card(out: str, report: dict) -> None:
         for i, (a1, a5) in enumerate(zip(acc["top1_by_head"], acc["top5_by_head"], strict=True)):
             lines.append(f"| {i + 1} (t+{i + 2}) | {a1:.3f} | {a5:.3f} |")
     else:
+        how = (
+            "draft position (one forward: position 1 from the last real pair, position "
+            "j + 1 from mask slot j, as at inference"
+            if kind == "peagle"
+            else "draft depth (each depth drafts from the head's own features of the depth "
+            "before, as at inference"
+        )
         lines += [
-            "Held-out accuracy by draft depth (each depth drafts from the head's own "
-            "features of the depth before, as at inference; the head's token equals "
-            "the target's greedy token):",
+            f"Held-out accuracy by {how}; the head's token equals the target's greedy token):",
             "",
             "| depth | top-1 | top-4 |",
             "|---|---|---|",
@@ -266,7 +285,9 @@ def write_card(out: str, report: dict) -> None:
             f"prompts, {a['max_new_tokens']} new tokens): mean accepted tokens per "
             "target forward, bonus token included:",
             "",
-            "| tree size k | " + " | ".join(k[1:] for k in a["mean_accepted_tokens"]) + " |",
+            ("| k | " if kind == "peagle" else "| tree size k | ")
+            + " | ".join(k[1:] for k in a["mean_accepted_tokens"])
+            + " |",
             "|---" * (1 + len(a["mean_accepted_tokens"])) + "|",
             "| accepted / forward | "
             + " | ".join(f"{v:.2f}" for v in a["mean_accepted_tokens"].values())
@@ -278,6 +299,8 @@ def write_card(out: str, report: dict) -> None:
         "(found beside the target; or `--speculator PATH`).",
         "",
     ]
+    if kind == "peagle":
+        lines[-2] = lines[-2].replace("--k 16", "--k 4")
     if kind == "eagle":
         lines += [
             "Export for vLLM: `leapdecode export --format speculators --speculator "
