@@ -62,9 +62,10 @@ def test_revision_prompts_hold_the_source_and_the_renamed_signature():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, target_dir, draft_dir):
-    """The tiny test pair with Medusa and EAGLE heads beside the target, and the committed
-    prompts cut to their last 160 characters (two a category): the end-to-end runs below
-    exercise every method and peer in seconds instead of minutes on the embedded pair."""
+    """The tiny test pair with Medusa, EAGLE and parallel EAGLE heads beside the target, a
+    parallel draft (the draft with a mask token), and the committed prompts cut to their last
+    160 characters (two a category): the end-to-end runs below exercise every method and peer
+    in seconds instead of minutes on the embedded pair."""
     import shutil
 
     import helpers
@@ -73,14 +74,20 @@ def tiny(tmp_path_factory, target_dir, draft_dir):
     target = str(root / "target")
     shutil.copytree(target_dir, target)
     heads = helpers.train_heads(target, str(root / "heads"), steps=10)
+    heads += (helpers.train_peagle(target, heads[1], steps=10, k=4),)
     for path in heads:
         shutil.copytree(path, f"{target}-{os.path.basename(path)}")
+    pard = root / "pard"
+    shutil.copytree(draft_dir, pard)
+    config = json.loads((pard / "config.json").read_text())
+    (pard / "config.json").write_text(json.dumps({**config, "pard_token": 1, "pard_max_k": 4}))
     prompts = root / "prompts"
     prompts.mkdir()
     for cat, rows in workloads.load(PROMPTS).items():
         cut = [{**r, "prompt": r["prompt"][-160:]} for r in rows[:2]]
         (prompts / f"{cat}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in cut))
-    return ["--target", target, "--draft", draft_dir, "--prompts", str(prompts), "--no-vllm"]
+    return ["--target", target, "--draft", draft_dir, "--pard", str(pard), "--prompts",
+            str(prompts), "--no-vllm"]  # fmt: skip
 
 
 def test_quick_bench_writes_table_json_and_plots(tmp_path, tiny):
@@ -90,7 +97,8 @@ def test_quick_bench_writes_table_json_and_plots(tmp_path, tiny):
     cells = data["cells"]
     names = {c["name"] for c in cells}
     assert names == {"none", "draft", "ngram", "ngram-tree", "suffix", "suffix-tree", "lookahead",
-                     "hf-generate", "hf-assisted", "hf-lookup", "medusa", "eagle"}  # fmt: skip
+                     "hf-generate", "hf-assisted", "hf-lookup", "medusa", "eagle", "pard",
+                     "peagle"}  # fmt: skip
     assert {c["category"] for c in cells} == set(workloads.CATEGORIES)
     for c in cells:
         assert c["tokens_per_s"] > 0

@@ -115,3 +115,33 @@ def test_auto_weighs_the_parallel_head_and_stays_lossless(dec, prompts, referenc
                                  max_new_tokens=MAX_NEW)  # fmt: skip
     assert_lossless(prompts, [r.token_ids for r in out], reference, hf_target)
     assert "peagle" in used
+
+
+def test_export_writes_vllms_peagle_speculator(tmp_path, tok_dir):
+    """`leapdecode export` of a parallel head: speculators type "peagle" (vLLM runs it as
+    eagle3 with parallel_drafting), the mask token as mask_token_id, mask_hidden [3 T]."""
+    import numpy as np
+    from safetensors.torch import load_file
+
+    from leapdecode.speculators_export import export_speculators
+    from leapdecode.train.eagle import make_parallel, new_head
+    from leapdecode.train.teacher import Teacher
+
+    target_dir = str(tmp_path / "target4")  # vLLM's EAGLE-3 reads three distinct layers
+    helpers.make_llama(target_dir, seed=5, tokenizer_dir=tok_dir, num_hidden_layers=4)
+    head = new_head(Teacher(target_dir), torch.arange(0, helpers.VOCAB, 3))
+    head = make_parallel(head, 4, np.arange(helpers.VOCAB - 1))  # the last id never occurs
+    assert head.pard_token == helpers.VOCAB - 1
+    with torch.no_grad():
+        head.mask_hidden.normal_()
+    head.save(str(tmp_path / "peagle"))
+    config = export_speculators(str(tmp_path / "peagle"), target_dir, str(tmp_path / "out"),
+                                dtype="float32")  # fmt: skip
+    assert config["speculators_model_type"] == "peagle"
+    assert config["speculators_config"]["algorithm"] == "peagle"
+    assert config["mask_token_id"] == head.pard_token
+    weights = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert torch.equal(weights["mask_hidden"], head.mask_hidden.detach())
+    assert (
+        weights["fc.weight"].shape[1] == weights["mask_hidden"].shape[0] == 3 * head.target_hidden
+    )

@@ -342,3 +342,31 @@ def test_vllm_runs_our_parallel_draft_as_its_own_parallel_drafting(embedded, pro
         assert accepted > 0
     finally:
         peers.close()
+
+
+def test_vllm_runs_our_parallel_eagle_head_as_peagle(embedded, prompts, tmp_path):
+    """Our parallel EAGLE head (models/leap-code-target-peagle), exported as speculators'
+    "peagle", runs in vLLM as eagle3 with parallel_drafting: plain decoding's greedy tokens,
+    drafts accepted."""
+    from leapdecode.bench.vllm_peer import VllmPeers, spec_config
+    from leapdecode.speculators_export import export_speculators
+
+    head = embedded[0] + "-peagle"
+    if not os.path.isdir(head):
+        pytest.skip("the embedded parallel EAGLE head is not in models/ (leapdecode train peagle)")
+    python = _vllm_python()
+    out = str(tmp_path / "peagle")
+    export_speculators(head, embedded[0], out, verifier=embedded[0], dtype="float32")
+    configs = [("vllm", None), ("peagle", spec_config("vllm-peagle", 4, peagle=out))]
+    peers = VllmPeers(python, embedded[0], configs, "float32", 1024, 1, str(tmp_path / "logs"),
+                      engine_args={"enforce_eager": True}, warm_up=0)  # fmt: skip
+    try:
+        accepted = 0
+        for ids in prompts:
+            _, plain, *_ = peers.generate("vllm", ids, 48)
+            _, spec, _, _, acc = peers.generate("peagle", ids, 48)
+            assert spec == plain, ids[:8]
+            accepted += acc
+        assert accepted > 0
+    finally:
+        peers.close()

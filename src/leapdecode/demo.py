@@ -218,15 +218,8 @@ def _vllm_rows(console, args, dec, target: str, draft: str | None, methods) -> _
     when its engines do not start: the demo goes on without them, saying why)."""
     import torch
 
-    from .bench.vllm_peer import (
-        COUNTERPART,
-        LOGS,
-        VllmPeers,
-        dtype_name,
-        export_eagle3,
-        find_python,
-        spec_config,
-    )
+    from .bench.vllm_peer import COUNTERPART, VllmPeers, dtype_name, find_python, peer_configs
+    from .paths import resolve_pard
 
     python = find_python(args.vllm_python)
     if python is None:
@@ -236,18 +229,8 @@ def _vllm_rows(console, args, dec, target: str, draft: str | None, methods) -> _
     dtype = dtype_name(dec.target.dtype)
     labels = [(n, n, k) for n, k in names]  # one row per method; its k has a column
     try:
-        eagle3 = None
-        if any(n == "vllm-eagle3" for n, _ in names):
-            eagle3 = export_eagle3(
-                args.speculator, target, os.path.join(LOGS, "eagle3-head"), dtype
-            )
-        configs = [
-            (
-                label,
-                spec_config(n, k, draft=os.path.abspath(draft) if draft else None, eagle3=eagle3),
-            )
-            for label, n, k in labels
-        ]
+        pard = resolve_pard(args.target, args.pard) or draft
+        configs = peer_configs(labels, target, args.speculator, draft, pard, dtype)
         console.print(
             f"vLLM's rows: loading {len(configs)} vLLM engines from {python} (about a "
             "minute each; --no-vllm skips them)"

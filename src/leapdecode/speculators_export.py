@@ -20,6 +20,10 @@ recognises by the `speculators_config` key of config.json and runs as
       [I, H]; layers.0.mlp.down_proj.weight [H, I]; norm.weight [H]; lm_head.weight [Vd, H];
       d2t [Vd] int64 (target id = draft id + d2t[draft id]); t2d [V] bool;
       embed_tokens.weight [V, H] (the target's own: vLLM shares it when identical)
+
+A parallel head (`leapdecode train peagle`) exports as speculators' "peagle" type (vLLM
+runs it as eagle3 with parallel_drafting): `mask_token_id` in config.json and its
+`mask_hidden` [3 T] (a mask slot's aux hidden states) in the weights.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ NAMES = {
     "down_proj.weight": "layers.0.mlp.down_proj.weight",
     "norm.weight": "norm.weight",
     "lm_head.weight": "lm_head.weight",
+    "mask_hidden": "mask_hidden",  # a parallel head's (P-EAGLE)
 }
 
 
@@ -113,17 +118,19 @@ def export_speculators(
         "mlp_bias": False,
         "tie_word_embeddings": False,
     }
+    kind = "peagle" if head.parallel else "eagle3"
     config = {
-        "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
+        "architectures": ["PeagleSpeculator" if head.parallel else "Eagle3Speculator"],
+        "speculators_model_type": kind,
         "speculators_version": SPECULATORS_VERSION,
         "transformer_layer_config": layer,
         "draft_vocab_size": head.draft_vocab_size,
         "target_hidden_size": head.target_hidden,
         "norm_before_residual": False,
         "eagle_aux_hidden_state_layer_ids": list(head.aux_layers),
+        **({"mask_token_id": head.pard_token} if head.parallel else {}),
         "speculators_config": {
-            "algorithm": "eagle3",
+            "algorithm": kind,
             "default_proposal_method": "greedy",
             "proposal_methods": [
                 {

@@ -12,7 +12,7 @@ import torch
 from ..cli_args import add_verify_arg
 from ..config import MAX_K, SamplingParams, SpecConfig
 from ..errors import LeapDecodeError
-from ..paths import PROMPTS, REPO
+from ..paths import PROMPTS, REPO, resolve_pard
 
 
 def _ks(text: str, flag: str) -> list[int]:
@@ -136,6 +136,12 @@ def add_parsers(sub, model_args) -> None:
         help="eagle tree depths (speculative_num_steps) tried at each size",
     )
     run.add_argument(
+        "--pard-k", default="1,2,4", help="k for pard (when a parallel draft is loaded: --pard)"
+    )
+    run.add_argument(
+        "--peagle-k", default="2,3,4", help="k for peagle (when the target has a parallel head)"
+    )
+    run.add_argument(
         "--peer-draft-k", default=None, help="k for assisted generation (default: --draft-k)"
     )
     run.add_argument(
@@ -160,6 +166,10 @@ def add_parsers(sub, model_args) -> None:
         default="2,3,4",
         help="k for vLLM's eagle3 with our exported head (a chain of k)",
     )
+    run.add_argument("--vllm-pard-k", default="1,2,4", help="k for vLLM's run of our pard")
+    run.add_argument(
+        "--vllm-peagle-k", default="2,3,4", help="k for vLLM's run of our parallel head"
+    )
     run.add_argument(
         "--vllm-leap-k",
         default=None,
@@ -170,8 +180,8 @@ def add_parsers(sub, model_args) -> None:
         default=None,
         help="only these, comma-separated (none, draft, ngram, ngram-tree, suffix, "
         "suffix-tree, lookahead, medusa, eagle, hf-generate, hf-assisted, "
-        "hf-lookup, vllm, vllm-ngram, vllm-draft, vllm-suffix, vllm-eagle3, "
-        "vllm-leap-suffix, vllm-leap-ngram)",
+        "pard, peagle, hf-lookup, vllm, vllm-ngram, vllm-draft, vllm-suffix, vllm-eagle3, "
+        "vllm-pard, vllm-peagle, vllm-leap-suffix, vllm-leap-ngram)",
     )
     from .serve import add_parser as add_serve
     from .serve import add_soak_parser
@@ -237,6 +247,7 @@ def cmd_run(args) -> int:
     factors = _factors(args.suffix_spec_factor)
     medusa_ks, eagle_ks = _ks(args.medusa_k, "--medusa-k"), _ks(args.eagle_k, "--eagle-k")
     eagle_depths = _ks(args.eagle_depth, "--eagle-depth")
+    pard_ks, peagle_ks = _ks(args.pard_k, "--pard-k"), _ks(args.peagle_k, "--peagle-k")
     if max(eagle_depths) > 16:
         raise LeapDecodeError("--eagle-depth: depths must be in 1..16")
     peer_ks = {
@@ -250,6 +261,7 @@ def cmd_run(args) -> int:
         suffix_ks, tree_ks, lookaheads = suffix_ks[:1], tree_ks[:1], lookaheads[:1]
         factors = factors[:1]
         medusa_ks, eagle_ks, eagle_depths = medusa_ks[:1], eagle_ks[:1], eagle_depths[:1]
+        pard_ks, peagle_ks = pard_ks[:1], peagle_ks[:1]
         peer_ks = {"draft": draft_ks, "ngram": ngram_ks}
     keep = None
     if args.methods:  # checked before any model loads
@@ -263,6 +275,8 @@ def cmd_run(args) -> int:
     vllm_ks = {
         "vllm-draft": _ks(args.vllm_draft_k, "--vllm-draft-k"),
         "vllm-eagle3": _ks(args.vllm_eagle_k, "--vllm-eagle-k"),
+        "vllm-pard": _ks(args.vllm_pard_k, "--vllm-pard-k"),
+        "vllm-peagle": _ks(args.vllm_peagle_k, "--vllm-peagle-k"),
         "vllm-ngram": _ks(args.vllm_ngram_k, "--vllm-ngram-k") if args.vllm_ngram_k else ngram_ks,
         "vllm-suffix": _ks(args.vllm_suffix_k, "--vllm-suffix-k")
         if args.vllm_suffix_k
@@ -307,6 +321,8 @@ def cmd_run(args) -> int:
         eagle_depths,
         factors,
         args.suffix_tokens_only,
+        pard_ks if "pard" in heads else (),
+        peagle_ks if "peagle" in heads else (),
     )
     if vllm_python is not None:
         methods += runner.vllm_method_list(
@@ -315,6 +331,8 @@ def cmd_run(args) -> int:
             "eagle" in heads,
             leap_ks or [max(ngram_ks)],
             leap_ks or [max(suffix_ks)],
+            with_pard="pard" in heads,
+            with_peagle="peagle" in heads,
         )
     if keep:
         methods = [m for m in methods if m.name in keep]
@@ -397,22 +415,12 @@ def cmd_run(args) -> int:
 
 def _vllm_peers(args, python, target, draft, dec, methods):
     """Load one vLLM engine per vLLM method (and export our EAGLE head for its eagle3)."""
-    from .vllm_peer import BENCH_WARM_UP, LOGS, VllmPeers, dtype_name, export_eagle3, spec_config
+    from .vllm_peer import BENCH_WARM_UP, VllmPeers, dtype_name, peer_configs
 
     dtype = dtype_name(dec.target.dtype)
-    eagle3 = None
-    if any(m.name == "vllm-eagle3" for m in methods):
-        eagle3 = export_eagle3(args.speculator, target, os.path.join(LOGS, "eagle3-head"), dtype)
-    configs = [
-        (
-            m.label,
-            spec_config(
-                m.name, m.k, draft=os.path.abspath(draft) if draft else None, eagle3=eagle3
-            ),
-        )
-        for m in methods
-        if m.vllm
-    ]
+    rows = [(m.label, m.name, m.k) for m in methods if m.vllm]
+    pard = resolve_pard(args.target, args.pard) or draft  # the folder our pard runs on
+    configs = peer_configs(rows, target, args.speculator, draft, pard, dtype)
     return VllmPeers(
         python,
         target,

@@ -54,6 +54,8 @@ OURS = (
     "lookahead",
     "medusa",
     "eagle",
+    "pard",
+    "peagle",
 )
 
 
@@ -150,8 +152,11 @@ def method_list(
     eagle_depths=(4,),
     suffix_factors=(1.0,),
     suffix_tokens_only=False,
+    pard_ks=(),
+    peagle_ks=(),
 ) -> list[Method]:
     """lookaheads: (W, N, G) triples; medusa_ks / eagle_ks: tree sizes (empty: no heads);
+    pard_ks / peagle_ks: the parallel draft's and the parallel head's chains (empty: none);
     eagle_depths: the eagle tree's depths (speculative_num_steps) tried at each size;
     suffix_factors: suffix's draft caps (suffix_decoding_max_spec_factor) tried at each k;
     suffix_tokens_only: each suffix chain setting also without matching characters."""
@@ -181,6 +186,8 @@ def method_list(
     methods += [
         Method("eagle", k, (("speculative_num_steps", d),)) for k in eagle_ks for d in eagle_depths
     ]
+    methods += [Method("pard", k) for k in pard_ks]
+    methods += [Method("peagle", k) for k in peagle_ks]
     if with_peers:
         methods.append(Method("hf-generate"))
         if with_draft:
@@ -195,10 +202,13 @@ def vllm_method_list(
     with_eagle: bool,
     leap_ngram_ks=(),
     leap_suffix_ks=(),
+    with_pard: bool = False,
+    with_peagle: bool = False,
 ) -> list[Method]:
     """vLLM's configurations: ks = {"vllm-ngram": [...], "vllm-draft": ..., "vllm-suffix": ...,
     "vllm-eagle3": ...}; eagle3 runs our exported head, draft_model our draft; leap_*_ks:
-    our own proposers inside vLLM."""
+    our own proposers inside vLLM; with_pard / with_peagle: our parallel draft and head, run by
+    vLLM's parallel drafting."""
     methods = [Method("vllm")]
     methods += [Method("vllm-ngram", k) for k in ks["vllm-ngram"]]
     if with_draft:
@@ -206,6 +216,10 @@ def vllm_method_list(
     methods += [Method("vllm-suffix", k) for k in ks["vllm-suffix"]]
     if with_eagle:
         methods += [Method("vllm-eagle3", k) for k in ks["vllm-eagle3"]]
+    if with_pard:
+        methods += [Method("vllm-pard", k) for k in ks["vllm-pard"]]
+    if with_peagle:
+        methods += [Method("vllm-peagle", k) for k in ks["vllm-peagle"]]
     methods += [Method("vllm-leap-ngram", k) for k in leap_ngram_ks]
     methods += [Method("vllm-leap-suffix", k) for k in leap_suffix_ks]
     return methods

@@ -14,6 +14,9 @@ Configurations (vLLM's method names, our names in brackets):
 - `vllm-suffix k=K`   SuffixDecoding (arctic-inference)           [suffix]
 - `vllm-eagle3 k=K`   our EAGLE head, exported with `leapdecode export --format speculators`
                                                                    [eagle]
+- `vllm-pard k=K`     `draft_model` + `parallel_drafting` with our parallel draft   [pard]
+- `vllm-peagle k=K`   `eagle3` + `parallel_drafting` with our parallel EAGLE head,
+                      exported the same way (speculators type "peagle")         [peagle]
 - `vllm-leap-suffix k=K`, `vllm-leap-ngram k=K`: our own proposers inside vLLM
   (`leapdecode.integrations.vllm`, vLLM's `custom_class`).
 
@@ -57,6 +60,8 @@ COUNTERPART = {
     "draft": "vllm-draft",
     "suffix": "vllm-suffix",
     "eagle": "vllm-eagle3",
+    "pard": "vllm-pard",
+    "peagle": "vllm-peagle",
 }
 NAMES = (*COUNTERPART.values(), "vllm-leap-suffix", "vllm-leap-ngram")
 INTEGRATION = "leapdecode.integrations.vllm"
@@ -99,20 +104,53 @@ def dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def export_eagle3(speculators: list[str] | None, target: str, out: str, dtype: str) -> str:
-    """Our EAGLE head (the one given, else the one beside the target) exported in the
-    speculators layout for vLLM's eagle3; returns the folder."""
+def export_eagle3(
+    speculators: list[str] | None, target: str, out: str, dtype: str, kind: str = "eagle"
+) -> str:
+    """Our EAGLE head (kind "eagle"; "peagle": the parallel one), the one given, else the one
+    beside the target, exported in the speculators layout for vLLM; returns the folder."""
     from ..models.heads import beside, kind_of
     from ..speculators_export import export_speculators
 
-    head = next((p for p in (speculators or beside(target)) if kind_of(p) == "eagle"), None)
+    head = next((p for p in (speculators or beside(target)) if kind_of(p) == kind), None)
     if head is None:
         raise LeapDecodeError(
-            "vLLM's eagle3 needs our EAGLE head: train one (`leapdecode train eagle`) or pass "
-            "it with --speculator PATH"
+            f"vLLM's eagle3 needs our {kind} head: train one (`leapdecode train {kind}`) or "
+            "pass it with --speculator PATH"
         )
     export_speculators(head, target, out, verifier=os.path.abspath(target), dtype=dtype)
     return out
+
+
+def peer_configs(rows, target: str, speculators, draft: str | None, pard: str | None,
+                 dtype: str) -> list[tuple[str, dict | None]]:  # fmt: skip
+    """(label, speculative_config) for rows of (label, vLLM configuration, k): our heads
+    exported where a row needs them (under LOGS), `draft` for vllm-draft, `pard` (our
+    parallel draft's folder) for vllm-pard."""
+    names = {name for _, name, _ in rows}
+    heads = {}
+    for name, kind in (("vllm-eagle3", "eagle"), ("vllm-peagle", "peagle")):
+        if name in names:
+            out = os.path.join(LOGS, f"{kind}-head")
+            heads[name] = export_eagle3(speculators, target, out, dtype, kind=kind)
+
+    def folder(name: str) -> str | None:
+        path = pard if name == "vllm-pard" else draft
+        return os.path.abspath(path) if path else None
+
+    return [
+        (
+            label,
+            spec_config(
+                name,
+                k,
+                draft=folder(name),
+                eagle3=heads.get("vllm-eagle3"),
+                peagle=heads.get("vllm-peagle"),
+            ),
+        )  # fmt: skip
+        for label, name, k in rows
+    ]
 
 
 def spec_config(
@@ -121,6 +159,7 @@ def spec_config(
     *,
     draft: str | None = None,
     eagle3: str | None = None,
+    peagle: str | None = None,
     lookup: tuple[int, int] | None = None,
     extra: dict | None = None,
 ) -> dict | None:
@@ -153,6 +192,10 @@ def spec_config(
         if eagle3 is None:
             raise LeapDecodeError("vllm-eagle3 needs an exported EAGLE-3 head")
         spec |= {"method": "eagle3", "model": eagle3}
+    elif name == "vllm-peagle":  # our parallel head, exported (speculators type "peagle")
+        if peagle is None:
+            raise LeapDecodeError("vllm-peagle needs an exported parallel EAGLE head")
+        spec |= {"method": "eagle3", "model": peagle, "parallel_drafting": True}
     elif name == "vllm-leap-ngram":
         # vLLM clears prompt_lookup_* for custom classes: the n range travels in the environment
         spec |= {
