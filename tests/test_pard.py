@@ -129,3 +129,26 @@ def test_a_parallel_draft_of_its_own_is_weighed_by_auto(target_dir, draft_dir, p
 def test_pard_flag_refuses_a_draft_without_a_mask_token(target_dir, draft_dir):
     with pytest.raises(LeapDecodeError, match="is not a parallel draft.*train pard"):
         LeapDecoder.from_pretrained(target_dir, pard=draft_dir, speculators=[])
+
+
+@pytest.mark.parametrize("argv,loads", [
+    (["generate", "x"], False),  # plain decoding never drafts
+    (["generate", "--method", "pard", "x"], True),
+    (["generate", "--method", "auto", "x"], False),  # auto's default methods leave pard out
+    (["generate", "--method", "auto", "--auto-methods", "ngram, pard", "x"], True),
+    (["generate", "--method", "pard", "--draft", "D", "x"], False),  # D runs pard itself
+    (["demo"], False),
+    (["demo", "--methods", "none,pard"], True),
+    (["serve"], True),  # requests may ask for it
+])  # fmt: skip
+def test_the_embedded_parallel_draft_loads_only_where_it_may_run(argv, loads):
+    from leapdecode.cli import build_parser
+    from leapdecode.cli_args import pard_option
+    from leapdecode.paths import PARD_NAME, default_model
+
+    embedded = default_model(PARD_NAME)
+    if embedded is None:
+        pytest.skip("the embedded parallel draft is not in models/")
+    args = build_parser().parse_args(argv)
+    assert pard_option(args) == (embedded if loads else None)
+    assert pard_option(build_parser().parse_args([*argv[:1], "--pard", "P", *argv[1:]])) == "P"

@@ -145,3 +145,17 @@ def test_export_writes_vllms_peagle_speculator(tmp_path, tok_dir):
     assert (
         weights["fc.weight"].shape[1] == weights["mask_hidden"].shape[0] == 3 * head.target_hidden
     )
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_rows_whose_pairs_were_fed_already_draft_from_the_kept_root(dec, prompts, reference,
+                                                                     hf_target, monkeypatch, k):  # fmt: skip
+    """With every step's features fed as they arrive (BACKLOG 0), a proposal has no new pair:
+    draft 1 comes from the root kept at the last pair, the mask slots still run (k = 3), or
+    nothing runs at all (k = 1)."""
+    import leapdecode.proposers.eagle as eagle_module
+
+    monkeypatch.setattr(eagle_module, "BACKLOG", -1)
+    out = dec.generate_batch(prompts[:8], method="peagle", k=k, max_new_tokens=MAX_NEW)
+    assert_lossless(prompts[:8], [r.token_ids for r in out], reference[:8], hf_target)
+    assert sum(r.stats.accepted for r in out) > 0

@@ -11,6 +11,7 @@ class EchoProposer(Proposer):
 
     name = "echo"
     prior = 0.9  # what auto expects of a draft token before it has seen any
+    free = True  # a copy costs nothing to make
 
     def offer(self, seq, budget):
         chain = self._chain(seq.tokens, budget)

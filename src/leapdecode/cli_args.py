@@ -173,6 +173,26 @@ def engine_options(args) -> dict:
     )
 
 
+def pard_option(args) -> str | None:
+    """--pard, or the embedded parallel draft where it can run and may be asked for: with the
+    embedded target, no --draft of the user's (a parallel draft given as --draft runs pard
+    itself), and a command that may use it (generate --method pard or auto over it; demo
+    --methods with it; serve and bench, whose requests and rows may)."""
+    if args.pard is not None or args.draft is not None:
+        return args.pard
+
+    def named(listed: str | None) -> bool:  # "pard" in a comma-separated flag
+        return "pard" in {m.strip() for m in (listed or "").split(",")}
+
+    command = getattr(args, "command", None)
+    if command == "generate":
+        if args.method != "pard" and not (args.method == "auto" and named(args.auto_methods)):
+            return None
+    elif command == "demo" and not named(args.methods):
+        return None
+    return resolve_pard(args.target, None)
+
+
 def load_options(args) -> dict:
     """`LeapDecoder.from_pretrained`'s options from the model flags (add_model_args) and,
     where the command has them, --draft-vocab and the engine's (--suffix-max-*)."""
@@ -184,7 +204,7 @@ def load_options(args) -> dict:
         threads=args.threads,
         speculators=args.speculator,
         compile=args.compile,
-        pard=resolve_pard(args.target, args.pard),
+        pard=pard_option(args),
     )
     if hasattr(args, "draft_vocab"):
         out["draft_vocab"] = args.draft_vocab

@@ -349,7 +349,11 @@ def cmd_run(args) -> int:
                 *ngram_ks,
                 *suffix_ks,
                 *tree_ks,
-                *(m.k for m in methods if m.name in ("lookahead", "medusa", "eagle")),
+                *(
+                    m.k
+                    for m in methods
+                    if m.name in ("lookahead", "medusa", "eagle", "pard", "peagle")
+                ),
             }
         ),
     )
@@ -573,10 +577,11 @@ def cmd_serve(args) -> int:
     args.lookahead = _wngs(args.lookahead) if args.lookahead else []
     if not 1 <= args.heads_k <= MAX_K:
         raise LeapDecodeError(f"--heads-k must be in 1..{MAX_K}")
-    bad = [h for h in args.heads.split(",") if h and h not in ("auto", "medusa", "eagle")]
+    kinds = ("auto", "medusa", "eagle", "peagle")
+    bad = [h for h in args.heads.split(",") if h and h not in kinds]
     if bad:
         raise LeapDecodeError(
-            f"--heads takes medusa, eagle (comma-separated) or auto, not {bad[0]!r}"
+            f"--heads takes medusa, eagle, peagle (comma-separated) or auto, not {bad[0]!r}"
         )
     for flag in ("rounds", "requests_per_client", "requests_min"):
         if getattr(args, flag) < 1:

@@ -317,7 +317,8 @@ def tree_rss_kb(pid: int) -> int:
 
 
 def _heads(args) -> list[str]:
-    """The speculator kinds to load-test: --heads, or (auto) those the local server loads."""
+    """The speculator kinds to load-test: --heads, or (auto) the trees the local server loads
+    (medusa, eagle; a parallel head only when named)."""
     if args.heads != "auto":
         return [h for h in args.heads.split(",") if h]
     if args.url is not None or args.backend != "native":
@@ -326,7 +327,7 @@ def _heads(args) -> list[str]:
     from ..paths import resolve_models
 
     paths = args.speculator or beside(resolve_models(args.target, None)[0])
-    return sorted(kind_of(p) for p in paths)
+    return sorted(k for k in map(kind_of, paths) if k in ("medusa", "eagle"))
 
 
 def cmd_serve_bench(args) -> int:

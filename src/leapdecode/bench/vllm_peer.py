@@ -177,7 +177,7 @@ def spec_config(
         spec |= {"method": "draft_model", "model": draft}
     elif name == "vllm-pard":  # a parallel draft (config.json names its pard_token)
         if draft is None:
-            raise LeapDecodeError("vllm-pard needs a parallel draft: pass --draft PATH")
+            raise LeapDecodeError("vllm-pard needs a parallel draft: pass --pard PATH")
         spec |= {"method": "draft_model", "model": draft, "parallel_drafting": True}
     elif name in ("vllm-suffix", "vllm-leap-suffix"):
         # no global cache of earlier outputs: the rounds repeat each prompt, and the cache

@@ -362,9 +362,7 @@ class Planner:
                 offers[name] = got
         # a draft model's estimate is kept apart by whether a free chain was on offer too:
         # where n-grams copy the text, the draft model tends to copy it too
-        free = any(
-            o.depth is None and self.proposers[m].costs != "forwards" for m, o in offers.items()
-        )
+        free = any(o.depth is None and self.proposers[m].free for m, o in offers.items())
         if self.stepped in offers:
             offers[self.stepped].bucket = int(free)
         self.buckets[seq.id] = {m: o.bucket for m, o in offers.items()}
@@ -380,7 +378,7 @@ class Planner:
         return any(
             o.depth is None
             and o.most == budget
-            and self.proposers[m].costs != "forwards"
+            and self.proposers[m].free
             and self._estimate(seq, m, o.bucket).gains(budget)[-1] >= best
             for m, o in offers.items()
         )

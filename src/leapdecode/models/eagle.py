@@ -279,13 +279,21 @@ class Eagle3Head(nn.Module):
                 c["rope_theta"],
                 c["max_position_embeddings"],
                 c["rms_norm_eps"],
-                int(c.get("pard_max_k", 0)) if c.get("parallel_drafting") else 0,
+                int(c.get("pard_max_k", -1)) if c.get("parallel_drafting") else 0,
                 int(c.get("pard_token", 0)),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise LeapDecodeError(
                 f"{path} lacks or mangles {e} for an EAGLE head: retrain with `leapdecode train eagle`"
             ) from None
+        if head.parallel and not (
+            head.parallel >= 1 and 0 <= head.pard_token < head.vocab_size
+        ):  # a mask token outside the vocabulary would fail at the first step
+            raise LeapDecodeError(
+                f"{path}: a parallel head needs pard_max_k >= 1 and a pard_token in "
+                f"0..{head.vocab_size - 1} (it has {c.get('pard_max_k')!r}, "
+                f"{c.get('pard_token')!r}): retrain it with `leapdecode train peagle`"
+            )
         try:
             head.load_state_dict(state)
         except RuntimeError as e:

@@ -15,7 +15,7 @@ What `auto`'s planner asks of a proposer (engine/planner.py), without knowing wh
     span(seq, k)        the longest run a draft of k tokens can have accepted (a tree's depth)
     unseen(seq)         tokens it must feed before it can draft for seq (a catch-up)
 guess_layers(seqs)  a proposal's cost before it is measured
-and the class attributes below (prior, sizing, costs, stochastic, walks).
+and the class attributes below (prior, sizing, costs, stochastic, free, walks).
 An engine builds each registered method's proposer with `build(parts)`.
 
 Shared state (a draft model, its weights and head) is configured once, never per request;
@@ -152,6 +152,8 @@ class Proposer(ABC):
     # tokens it has not seen (unseen)
     stochastic = False  # drafts sampled from a distribution (seeded sampled requests keep
     # to deterministic drafts, whose outcome does not depend on what auto chose)
+    free = False  # its drafts cost about nothing to make (n-grams, suffix tries): a chain
+    # of them on offer marks the text as one that copies (planner.py)
     walks = False  # its offer costs real time: skipped where a free chain offered in full
     # is worth at least its best
 

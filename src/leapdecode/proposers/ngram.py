@@ -118,6 +118,7 @@ class NgramProposer(Proposer):
 
     name = "ngram"
     prior = 0.5
+    free = True
     sizing = FREE_SIZING
 
     def __init__(self) -> None:

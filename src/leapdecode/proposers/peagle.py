@@ -89,6 +89,9 @@ class PeagleProposer(EagleProposer):
         counts = torch.tensor([len(t) for t in toks])  # [B] new pairs (0: the root is kept)
         b, n_max = len(seqs), int(counts.max())
         t = n_max + m
+        if t == 0:  # one draft and nothing new to feed: the kept roots guess it
+            logp = torch.stack([self.root[s.id][1] for s in seqs])
+            return h.draft_ids[logp.argmax(-1, keepdim=True)].cpu()
         start = torch.tensor([self.fed[s.id] for s in seqs])  # [B] pairs already cached
         slots = torch.tensor([s.slot for s in seqs])
         idx = torch.arange(t)

@@ -69,8 +69,8 @@ for _m in (
     Method("draft", _P + "draft_model:DraftModelProposer", auto=True, auto_default=True,
            missing="method 'draft' needs a draft model: pass --draft PATH"),
     Method("pard", _P + "pard:PardProposer", auto=True,
-           missing="method 'pard' needs a parallel draft: pass --draft PATH to a draft model "
-           "whose config.json names its mask token (pard_token or mask_token_id, as vLLM's "
+           missing="method 'pard' needs a parallel draft: pass --pard PATH (or --draft PATH) to a "
+           "draft model whose config.json names its mask token (pard_token or mask_token_id, as vLLM's "
            "parallel drafting reads it)"),
     Method("lookahead", _P + "lookahead:LookaheadProposer", tree=TREE),
     Method("medusa", _P + "medusa:MedusaProposer", auto=True, tree=TREE, hidden=True,

@@ -271,6 +271,7 @@ class SuffixProposer(Proposer):
 
     name = "suffix"
     prior = 0.5
+    free = True
     sizing = FREE_SIZING
     walks = True  # a trie walk: about a millisecond
 

@@ -183,6 +183,9 @@ def train_eagle(
     if parallel:
         head = make_parallel(head, parallel, train_tokens)
         ttt_steps = parallel
+    elif head.parallel:  # --init a parallel head: continue its EAGLE layer as a chain head
+        head.parallel = 0
+        del head.mask_hidden
     vocab_digest = hashlib.sha256(head.draft_ids.numpy().tobytes()).hexdigest()[:16]
     kind = "peagle" if parallel else "eagle"
     stamp = {**(stamp or {}), "kind": kind, "ttt_steps": ttt_steps, "draft_vocab": vocab_digest}

@@ -301,7 +301,7 @@ def write_card(out: str, report: dict) -> None:
     ]
     if kind == "peagle":
         lines[-2] = lines[-2].replace("--k 16", "--k 4")
-    if kind == "eagle":
+    if kind in ("eagle", "peagle"):
         lines += [
             "Export for vLLM: `leapdecode export --format speculators --speculator "
             f"{out} --out DIR`.",
