@@ -267,7 +267,7 @@ def write_card(out: str, report: dict) -> None:
         lines += [
             f"Held-out accuracy by {how}; the head's token equals the target's greedy token):",
             "",
-            "| depth | top-1 | top-4 |",
+            ("| position" if kind == "peagle" else "| depth") + " | top-1 | top-4 |",
             "|---|---|---|",
         ]
         for j, (a1, a4) in enumerate(zip(acc["top1_by_depth"], acc["top4_by_depth"], strict=True)):
