@@ -19,11 +19,11 @@ MAX_NEW = 32
 
 @pytest.fixture(scope="module")
 def pard_dir(tmp_path_factory, draft_dir):
-    """The test draft with a mask token (the tokenizer's last id) and a trained-for k of 6."""
+    """The test draft with a mask token (the tokenizer's last id) and a trained-for k of 8."""
     path = tmp_path_factory.mktemp("pard") / "draft"
     shutil.copytree(draft_dir, path)
     config = json.loads((path / "config.json").read_text())
-    config.update(pard_token=config["vocab_size"] - 1, pard_max_k=6)
+    config.update(pard_token=config["vocab_size"] - 1, pard_max_k=8)
     (path / "config.json").write_text(json.dumps(config))
     return str(path)
 
@@ -38,7 +38,7 @@ def prompts(pard):
     return helpers.random_prompts(pard.tokenizer, 24, 3, 61, seed=3)
 
 
-@pytest.mark.parametrize("k", [2, 3, 4, 6])
+@pytest.mark.parametrize("k", [2, 3, 4, 5, 6, 7, 8])
 def test_pard_greedy_matches_transformers_generate(pard, prompts, hf_target, k):
     results = pard.generate_batch(prompts, method="pard", k=k, max_new_tokens=MAX_NEW)
     reference = helpers.greedy_reference(hf_target, prompts, MAX_NEW)
@@ -60,8 +60,8 @@ def test_pard_drafts_the_whole_block_alone_and_in_a_batch(pard, prompts):
 def test_a_k_past_the_trained_one_is_drafted_at_that_size_with_a_warning(pard, prompts, caplog):
     with caplog.at_level(logging.WARNING, logger="leapdecode"):
         out = pard.generate(prompts[0], method="pard", k=9, max_new_tokens=MAX_NEW)
-    assert len(out.stats.proposed_by_position) == 6
-    assert "trained for 6" in caplog.text
+    assert len(out.stats.proposed_by_position) == 8
+    assert "trained for 8" in caplog.text
 
 
 def test_a_draft_without_a_mask_token_is_refused_with_the_fix(target_dir, draft_dir):

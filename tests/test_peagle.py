@@ -18,7 +18,7 @@ from leapdecode.errors import LeapDecodeError
 from leapdecode.models.eagle import Eagle3Head
 
 MAX_NEW = 24
-TRAINED_K = 6
+TRAINED_K = 8
 
 
 @pytest.fixture(scope="module")
