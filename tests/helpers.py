@@ -126,8 +126,6 @@ def train_heads(target_dir: str, root: str, steps: int = 60, tokens: str | None 
     """Medusa heads and an EAGLE head for `target_dir`, trained with the CLI users run
     (`leapdecode train medusa | eagle`) for a few steps on a few stdlib files (or on the
     token stream `tokens`, .npy)."""
-    from leapdecode.cli import main
-
     corpus = os.path.join(root, "corpus")
     os.makedirs(corpus, exist_ok=True)
     for i, text in enumerate(stdlib_text()):
@@ -140,13 +138,7 @@ def train_heads(target_dir: str, root: str, steps: int = 60, tokens: str | None 
         argv = ["train", kind, "--target", target_dir, "--out", out, "--run-dir", out + "-run",
                 "--data", corpus, "--val-percent", "20", "--steps", str(steps), "--batch", "4",
                 "--context", "64", "--eval-prompts", "0", "--threads", "1", *extra]  # fmt: skip
-        argv += ["--tokens", tokens] if tokens else []
-        argv += ["--lr", str(lr)] if lr else []
-        threads = torch.get_num_threads()
-        try:
-            assert main(argv) == 0
-        finally:
-            torch.set_num_threads(threads)
+        _train(argv, tokens, lr)
         outs.append(out)
     return outs[0], outs[1]
 
@@ -155,22 +147,27 @@ def train_peagle(target_dir: str, eagle: str, steps: int = 60, k: int = 6,
                  tokens: str | None = None, lr: float | None = None) -> str:  # fmt: skip
     """A parallel EAGLE head (`leapdecode train peagle --init EAGLE`) beside `eagle`, trained
     on the same data as `train_heads` gave it (its corpus folder, or the stream `tokens`)."""
-    from leapdecode.cli import main
-
     root = os.path.dirname(eagle)
     out = os.path.join(root, "peagle")
     argv = ["train", "peagle", "--target", target_dir, "--out", out, "--run-dir", out + "-run",
             "--data", os.path.join(root, "corpus"), "--val-percent", "20", "--steps", str(steps),
             "--batch", "4", "--context", "64", "--eval-prompts", "0", "--threads", "1",
             "--init", eagle, "--k", str(k)]  # fmt: skip
-    argv += ["--tokens", tokens] if tokens else []
-    argv += ["--lr", str(lr)] if lr else []
+    _train(argv, tokens, lr)
+    return out
+
+
+def _train(argv: list[str], tokens: str | None, lr: float | None) -> None:
+    """Run a `leapdecode train ...` command line (on the stream `tokens`, at `lr`, where given);
+    torch's thread count is put back after it."""
+    from leapdecode.cli import main
+
+    argv = [*argv, *(["--tokens", tokens] if tokens else []), *(["--lr", str(lr)] if lr else [])]
     threads = torch.get_num_threads()
     try:
         assert main(argv) == 0
     finally:
         torch.set_num_threads(threads)
-    return out
 
 
 @contextlib.contextmanager

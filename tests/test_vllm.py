@@ -231,13 +231,7 @@ def vllm_engines(embedded, tmp_path_factory):
 
 @pytest.mark.parametrize("label", ["eagle3", "leap-suffix", "leap-ngram"])
 def test_vllm_with_our_speculator_gives_plain_decodings_greedy_tokens(vllm_engines, prompts, label):
-    accepted = 0
-    for ids in prompts:
-        _, plain, *_ = vllm_engines.generate("vllm", ids, 48)
-        _, spec, forwards, _, acc = vllm_engines.generate(label, ids, 48)
-        assert spec == plain, (label, ids[:8])
-        accepted += acc
-    assert accepted > 0  # the drafts were used, not merely proposed
+    _assert_plain_tokens_and_drafts_used(vllm_engines, label, prompts)
 
 
 def test_vllm_plain_decoding_is_the_targets_own(vllm_engines, prompts, embedded):
@@ -333,13 +327,7 @@ def test_vllm_runs_our_parallel_draft_as_its_own_parallel_drafting(embedded, pro
     except LeapDecodeError as e:
         pytest.skip(f"vLLM's CPU build cannot run parallel drafting: {e}")
     try:
-        accepted = 0
-        for ids in prompts:
-            _, plain, *_ = peers.generate("vllm", ids, 48)
-            _, spec, _, _, acc = peers.generate("pard", ids, 48)
-            assert spec == plain, ids[:8]
-            accepted += acc
-        assert accepted > 0
+        _assert_plain_tokens_and_drafts_used(peers, "pard", prompts)
     finally:
         peers.close()
 
@@ -361,12 +349,18 @@ def test_vllm_runs_our_parallel_eagle_head_as_peagle(embedded, prompts, tmp_path
     peers = VllmPeers(python, embedded[0], configs, "float32", 1024, 1, str(tmp_path / "logs"),
                       engine_args={"enforce_eager": True}, warm_up=0)  # fmt: skip
     try:
-        accepted = 0
-        for ids in prompts:
-            _, plain, *_ = peers.generate("vllm", ids, 48)
-            _, spec, _, _, acc = peers.generate("peagle", ids, 48)
-            assert spec == plain, ids[:8]
-            accepted += acc
-        assert accepted > 0
+        _assert_plain_tokens_and_drafts_used(peers, "peagle", prompts)
     finally:
         peers.close()
+
+
+def _assert_plain_tokens_and_drafts_used(peers, label: str, prompts) -> None:
+    """vLLM's configuration `label` gives its plain decoding's greedy tokens on every prompt,
+    and keeps some drafts (they were used, not merely proposed)."""
+    accepted = 0
+    for ids in prompts:
+        _, plain, *_ = peers.generate("vllm", ids, 48)
+        _, spec, _, _, acc = peers.generate(label, ids, 48)
+        assert spec == plain, (label, ids[:8])
+        accepted += acc
+    assert accepted > 0
