@@ -147,24 +147,28 @@ def test_embedded_target_copies_a_function_asked_for_unchanged(decoder):
 
 
 def test_embedded_heads_are_lossless(hf_pair):
-    """The committed Medusa and EAGLE heads beside the target: greedy output equals
-    transformers' own."""
+    """The committed Medusa, EAGLE and parallel EAGLE heads beside the target, and the
+    committed parallel draft: greedy output equals transformers' own."""
     from leapdecode.models.heads import beside
+    from leapdecode.paths import PARD_NAME, default_model
 
     heads = beside(TARGET)
     assert {os.path.basename(p) for p in heads} == {
         "leap-code-target-medusa",
         "leap-code-target-eagle",
+        "leap-code-target-peagle",
     }
     target, _, tok = hf_pair
-    dec = LeapDecoder.from_pretrained(TARGET, dtype="float32", speculators=heads)
+    dec = LeapDecoder.from_pretrained(
+        TARGET, dtype="float32", speculators=heads, pard=default_model(PARD_NAME)
+    )
     for prompt in PROMPTS[:2]:
         ids = tok.encode(prompt)
         with torch.no_grad():
             ref = target.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
                                   attention_mask=torch.ones(1, len(ids), dtype=torch.long))  # fmt: skip
         want = ref[0, len(ids) :].tolist()
-        for method in ("medusa", "eagle"):
+        for method in ("medusa", "eagle", "peagle", "pard"):
             got = dec.generate(ids, method=method, k=8, max_new_tokens=32).token_ids
             assert got == want, (prompt, method)
 
