@@ -126,20 +126,25 @@ class EagleProposer(Proposer):
         return bool(self.pending.get(seq.id)) or seq.id in self.root
 
     # ------------------------------------------------------------------ propose
+    def _take_pending(self, seqs: list[Sequence]):
+        """Each row's pairs not yet fed, emptied from `pending`: (features [n, n_aux, H] or
+        None, the token after each feature)."""
+        feats, toks = [], []
+        for s in seqs:
+            aux = torch.cat(self.pending[s.id]) if self.pending[s.id] else None
+            self.pending[s.id], self.n_pending[s.id] = [], 0
+            fed = self.fed[s.id]
+            n = 0 if aux is None else len(aux)
+            toks.append(s.tokens[fed + 1 : fed + 1 + n])  # the token after each feature
+            feats.append(None if aux is None else aux[: len(toks[-1])])
+        return feats, toks
+
     def _catch_up(self, seqs: list[Sequence]) -> None:
         """Feed every pending pair of `seqs` (each has some) into the head's cache; keep
         each row's output at its last pair (the root of its next tree) in `self.root`."""
         h = self.head
         dev = self.k_cache.device
-        feats, toks = [], []
-        for s in seqs:
-            aux = torch.cat(self.pending[s.id]) if self.pending[s.id] else None
-            self.pending[s.id] = []
-            self.n_pending[s.id] = 0
-            fed = self.fed[s.id]
-            n = 0 if aux is None else len(aux)
-            toks.append(s.tokens[fed + 1 : fed + 1 + n])  # the token after each feature
-            feats.append(None if aux is None else aux[: len(toks[-1])])
+        feats, toks = self._take_pending(seqs)
         counts = torch.tensor([len(t) for t in toks])
         if int(counts.min()) == 0:
             raise RuntimeError("eagle: a sequence has no new target features to draft from")

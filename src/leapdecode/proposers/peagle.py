@@ -76,16 +76,9 @@ class PeagleProposer(EagleProposer):
         the cache. Returns the top-1 chains [B, k] (target ids)."""
         h, run, dev = self.head, self.run, self.k_cache.device
         m = k - 1
-        feats, toks = [], []
         for s in seqs:
             s.stats.draft_forwards += 1
-            pending = self.pending[s.id]
-            self.pending[s.id], self.n_pending[s.id] = [], 0
-            fed = self.fed[s.id]
-            aux = torch.cat(pending) if pending else None
-            n = 0 if aux is None else len(aux)
-            toks.append(s.tokens[fed + 1 : fed + 1 + n])  # the token after each feature
-            feats.append(None if aux is None else aux[: len(toks[-1])])
+        feats, toks = self._take_pending(seqs)
         counts = torch.tensor([len(t) for t in toks])  # [B] new pairs (0: the root is kept)
         b, n_max = len(seqs), int(counts.max())
         t = n_max + m
