@@ -187,6 +187,29 @@ def test_ragged_kernel_equals_plain_attention(counts, heads, kv_heads):
     assert (got - attention_cpu.reference_ragged(*args)).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("rows,tokens,heads,kv_heads", [(1, 1, 2, 2), (1, 200, 2, 2),
+                                                        (3, 65, 4, 2), (2, 130, 8, 1)])  # fmt: skip
+def test_causal_kernel_equals_sdpa(rows, tokens, heads, kv_heads):
+    """The kernel's prompt attention (the compiled prefill's): causal over a prompt's own
+    tokens, query blocks cut mid-way (65, 130, 200 tokens), grouped heads, against SDPA."""
+    import torch.nn.functional as F
+
+    from leapdecode.models import attention_cpu
+
+    if not attention_cpu.available():
+        pytest.skip("no C++ compiler for the kernel here (the compiled forward does without)")
+    gen = torch.Generator().manual_seed(rows * 1000 + tokens)
+    d = 16
+    q = torch.randn(rows, tokens, heads, d, generator=gen)
+    k = torch.randn(rows, tokens, kv_heads, d, generator=gen)
+    v = torch.randn(rows, tokens, kv_heads, d, generator=gen)
+    want = F.scaled_dot_product_attention(
+        *(x.transpose(1, 2) for x in (q, k, v)), is_causal=True, enable_gqa=heads != kv_heads
+    ).transpose(1, 2)
+    got = torch.ops.leapdecode.causal_attention(q, k, v, d**-0.5)
+    assert got.shape == want.shape and (got - want).abs().max() < 1e-5
+
+
 @pytest.mark.parametrize("hidden", [False, True])
 def test_packed_step_runs_only_each_rows_real_tokens(model, hidden):
     """A chain step with `counts` (CausalLM.packs_rows): each row's first counts[b] tokens
