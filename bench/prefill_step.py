@@ -1,5 +1,6 @@
-"""Prefill: fresh prompts through the eager forward and through the compiled prompt graph
-(`--compile`; models/compiled.py `fresh`), interleaved, median of --reps.
+"""Prefill: fresh prompts through the eager forward, the compiled prompt graph with SDPA's
+causal attention, and the compiled prompt graph with the kernel's (`--compile`;
+models/compiled.py `fresh`, attention_cpu.py `causal_attention`), interleaved, median of --reps.
 
     python bench/prefill_step.py --threads 1 --reps 7
 
@@ -36,6 +37,10 @@ def main() -> int:
     model.allocate(8, model.max_context + 32)
     model.compile(max_rows=8)
     compiled, vocab = model.compiled, model.vocab_size
+    from leapdecode.models.compiled import CompiledForward
+
+    sdpa = CompiledForward(model, kernel=False)  # its prompt graphs compile on first use
+    paths = (("eager", None), ("sdpa", sdpa), ("compiled", compiled))
     rows = []
     for b, n in tqdm(SHAPES, desc="prefill shapes", unit="shape"):
         tokens = torch.randint(1, vocab, (b, n))
@@ -46,11 +51,12 @@ def main() -> int:
             model.truncate(slots, torch.zeros(b, dtype=torch.long))
             model.forward(tokens, slots, logits_at=last)
 
-        times = {"eager": [], "compiled": []}
+        times = {name: [] for name, _ in paths}
         for _ in range(2):
-            prefill(None), prefill(compiled)
+            for _, path in paths:
+                prefill(path)
         for _ in range(args.reps):
-            for name, path in (("eager", None), ("compiled", compiled)):
+            for name, path in paths:
                 t0 = time.perf_counter()
                 prefill(path)
                 times[name].append(time.perf_counter() - t0)
@@ -67,19 +73,25 @@ def write(rows: list[dict], args) -> None:
     lines = [
         "# Prefill: eager and compiled",
         "",
+        "The compiled prompt graph's attention: SDPA's causal path (`compiled, SDPA`) or the "
+        "C++ kernel's `causal_attention` (`compiled`; what `--compile` runs on CPU in float32 "
+        "where the kernel builds).",
+        "",
         f"`python bench/prefill_step.py --threads {args.threads} --reps {args.reps}`: the "
         f"embedded target in float32, torch {torch.__version__}, {args.threads} thread(s); "
         f"fresh prompts (nothing cached), logits at each prompt's last token; median of "
         f"{args.reps} interleaved forwards.",
         "",
-        "| prompts x tokens | eager ms | compiled ms | eager / compiled | compiled tokens/s |",
-        "|---|---|---|---|---|",
+        "| prompts x tokens | eager ms | compiled, SDPA ms | compiled ms | eager / compiled | "
+        "SDPA / kernel | compiled tokens/s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         n = r["prompts"] * r["tokens"]
         lines.append(
-            f"| {r['prompts']} x {r['tokens']} | {r['eager_ms']:.1f} | {r['compiled_ms']:.1f} | "
-            f"{r['eager_ms'] / r['compiled_ms']:.2f}x | {n / r['compiled_ms'] * 1e3:.0f} |"
+            f"| {r['prompts']} x {r['tokens']} | {r['eager_ms']:.1f} | {r['sdpa_ms']:.1f} | "
+            f"{r['compiled_ms']:.1f} | {r['eager_ms'] / r['compiled_ms']:.2f}x | "
+            f"{r['sdpa_ms'] / r['compiled_ms']:.2f}x | {n / r['compiled_ms'] * 1e3:.0f} |"
         )
     lines += ["", "![prefill](prefill_step.png)", ""]
     with open(args.out + ".md", "w") as f:
@@ -91,8 +103,10 @@ def write(rows: list[dict], args) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     xs = range(len(rows))
-    for i, key in enumerate(("eager", "compiled")):
-        ax.bar([x + (i - 0.5) * 0.4 for x in xs], [r[f"{key}_ms"] for r in rows], 0.4, label=key)
+    labels = {"eager": "eager", "sdpa": "compiled, SDPA", "compiled": "compiled, kernel"}
+    for i, key in enumerate(labels):
+        ax.bar([x + (i - 1) * 0.27 for x in xs], [r[f"{key}_ms"] for r in rows], 0.27,
+               label=labels[key])  # fmt: skip
     ax.set_xticks(list(xs), [f"{r['prompts']} x {r['tokens']}" for r in rows])
     ax.set_ylabel("ms a prefill forward")
     ax.legend()
