@@ -56,6 +56,9 @@ def main() -> None:
                     help=",".join(CONFIGS) + " (each also as NAME-padded)")  # fmt: skip
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--compile", action="store_true", help="the compiled forward (--compile)")
+    ap.add_argument("--prefill", action="store_true",
+                    help="also time each round's prompts alone (one token each), as "
+                         "bench/vllm_closed_loop.py --prefill does for vLLM")  # fmt: skip
     args = ap.parse_args()
     labels = args.configs.split(",")
     target, draft = resolve_models(None, None)
@@ -94,7 +97,7 @@ def main() -> None:
 
     eng.planner.plan, eng._decode, eng._prefill = timed_plan, timed_decode, timed_prefill
 
-    def run(label: str, start: int) -> dict:
+    def run(label: str, start: int, one_token: bool = False) -> dict:
         # NAME-padded: NAME with every chain step padded to its longest row (packs_rows off)
         padded = label.endswith("-padded")
         type(eng.target).packs_rows = property(lambda m: 0) if padded else packs_rows
@@ -105,7 +108,8 @@ def main() -> None:
             i = next(todo, None)
             if i is not None:
                 r = rows[(start + i) % len(rows)]
-                s = dec.request(r["prompt"], spec=spec, max_new_tokens=min(64, r["max_new_tokens"]))
+                n = 1 if one_token else min(64, r["max_new_tokens"])
+                s = dec.request(r["prompt"], spec=spec, max_new_tokens=n)
                 eng.add_request(s)
                 active.append(s)
 
@@ -126,7 +130,7 @@ def main() -> None:
         for s in steps:
             for (m, k), n in zip(s.get("plan", []), s.get("emitted", []), strict=False):
                 by[m if k else "none"].append(n)
-        return {"config": label, "tok_s": round(tokens / wall, 1), "wall_s": round(wall, 2),
+        return {"config": label + (" prefill" if one_token else ""), "tok_s": round(tokens / wall, 1), "wall_s": round(wall, 2),
                 "decode_steps": sum(1 for s in steps if "plan" in s),
                 "plan_s": round(sum(s.get("plan_s", 0) for s in steps), 3),
                 "prefill_s": round(sum(s.get("prefill_s", 0) for s in steps), 2),
@@ -136,13 +140,20 @@ def main() -> None:
     for label in labels:  # warm-up
         run(label, len(rows) // 2)
     results = collections.defaultdict(list)
+    alone: list[float] = []  # the prompts alone, a round each (--prefill)
     for r in range(args.rounds):
         for label in labels if r % 2 == 0 else labels[::-1]:
             out = run(label, r * args.requests)
             results[label].append(out["tok_s"])
             print(json.dumps(out), flush=True)
+        if args.prefill:
+            out = run(labels[0], r * args.requests, one_token=True)
+            alone.append(out["wall_s"])
+            print(json.dumps(out), flush=True)
     for label in labels:
         print(f"{label}: median {statistics.median(results[label]):.1f} tokens/s")
+    if alone:
+        print(f"prefill alone: median {statistics.median(alone):.2f} s")
 
 
 if __name__ == "__main__":
