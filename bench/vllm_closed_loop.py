@@ -9,8 +9,8 @@ The requests are closed_loop.py's (the bench prompts, all categories round robin
 new tokens, round r from prompt r x requests, a warm-up from the middle); vLLM's offline
 `LLM.generate` with `max_num_seqs` = C admits the next request as soon as one finishes, as
 closed_loop's clients do. Per run it prints tokens/s and wall time; `--prefill` adds a run of
-the same prompts for one token each (prefill alone, all admitted at once), the figure
-closed_loop.py prints as prefill_s. One configuration a process: a second vLLM engine loaded
+the same prompts for one token each (the prompts alone, C admitted at a time), the figure
+`closed_loop.py --prefill` prints as "prefill alone". One configuration a process: a second vLLM engine loaded
 beside the first slows it (its engine core polls while idle; README, "vLLM's dtype").
 """
 
@@ -35,12 +35,13 @@ def main() -> None:
     ap.add_argument("--config", default="none", help="none, or ngramK (K drafts)")
     ap.add_argument("--prefill", action="store_true", help="also time the prompts alone")
     args = ap.parse_args()
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     target, _ = resolve_models(None, None)
     tok = AutoTokenizer.from_pretrained(target)
+    max_context = AutoConfig.from_pretrained(target).max_position_embeddings
     sets = workloads.load(PROMPTS)
     rows = [r for group in zip(*sets.values(), strict=False) for r in group]
     spec = SpecConfig()
@@ -57,7 +58,7 @@ def main() -> None:
     llm = LLM(
         model=target,
         dtype="float32",
-        max_model_len=1024,
+        max_model_len=max_context,
         seed=0,
         enable_prefix_caching=False,
         max_num_seqs=args.concurrency,

@@ -188,10 +188,14 @@ def test_ragged_kernel_equals_plain_attention(counts, heads, kv_heads):
 
 
 @pytest.mark.parametrize("rows,tokens,heads,kv_heads", [(1, 1, 2, 2), (1, 200, 2, 2),
-                                                        (3, 65, 4, 2), (2, 130, 8, 1)])  # fmt: skip
-def test_causal_kernel_equals_sdpa(rows, tokens, heads, kv_heads):
+                                                        (3, 65, 4, 2), (2, 130, 8, 1),
+                                                        (2, 128, 4, 1)])  # fmt: skip
+@pytest.mark.parametrize("strided", [False, True])
+def test_causal_kernel_equals_sdpa(rows, tokens, heads, kv_heads, strided):
     """The kernel's prompt attention (the compiled prefill's): causal over a prompt's own
-    tokens, query blocks cut mid-way (65, 130, 200 tokens), grouped heads, against SDPA."""
+    tokens, query blocks cut mid-way (65, 130, 200 tokens) or whole (128), grouped heads,
+    contiguous or as the graph passes them (slices of one fused projection), against SDPA;
+    shapes it cannot take are refused with a message, not read out of bounds."""
     import torch.nn.functional as F
 
     from leapdecode.models import attention_cpu
@@ -200,14 +204,21 @@ def test_causal_kernel_equals_sdpa(rows, tokens, heads, kv_heads):
         pytest.skip("no C++ compiler for the kernel here (the compiled forward does without)")
     gen = torch.Generator().manual_seed(rows * 1000 + tokens)
     d = 16
-    q = torch.randn(rows, tokens, heads, d, generator=gen)
-    k = torch.randn(rows, tokens, kv_heads, d, generator=gen)
-    v = torch.randn(rows, tokens, kv_heads, d, generator=gen)
+    if strided:  # q, k and v as views of one [B, T, H + 2 H_kv, D] tensor
+        qkv = torch.randn(rows, tokens, heads + 2 * kv_heads, d, generator=gen)
+        q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=2)
+    else:
+        q = torch.randn(rows, tokens, heads, d, generator=gen)
+        k = torch.randn(rows, tokens, kv_heads, d, generator=gen)
+        v = torch.randn(rows, tokens, kv_heads, d, generator=gen)
     want = F.scaled_dot_product_attention(
         *(x.transpose(1, 2) for x in (q, k, v)), is_causal=True, enable_gqa=heads != kv_heads
     ).transpose(1, 2)
     got = torch.ops.leapdecode.causal_attention(q, k, v, d**-0.5)
     assert got.shape == want.shape and (got - want).abs().max() < 1e-5
+    if kv_heads > 1:  # heads not a multiple of the key/value heads
+        with pytest.raises(RuntimeError, match="multiple of H_kv"):
+            torch.ops.leapdecode.causal_attention(q[:, :, :-1], k, v, d**-0.5)
 
 
 @pytest.mark.parametrize("hidden", [False, True])

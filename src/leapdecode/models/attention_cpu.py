@@ -321,34 +321,45 @@ constexpr int64_t QBLOCK = 64;
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             double scale) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "causal_attention: shapes");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "causal_attention: q [B, T, H, D], k and v [B, T, H_kv, D]");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
                   v.scalar_type() == at::kFloat,
               "causal_attention: float32 only");
-  auto qc = q.contiguous();
-  auto kc = k.contiguous();
-  auto vc = v.contiguous();
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(1) == q.size(1) &&
+                  k.size(3) == q.size(3) && k.size(2) > 0 && q.size(2) % k.size(2) == 0,
+              "causal_attention: k and v must be [B, T, H_kv, D] with H a multiple of H_kv");
+  // rows and heads may be strided (slices of the fused projection); each head's D contiguous
+  // (BLAS wants a leading dimension of at least D: a single token's stride may be anything)
+  auto rows = [](const at::Tensor& x) {
+    const bool ok = x.stride(3) == 1 && x.size(1) > 1 && x.stride(1) >= x.size(3);
+    return ok ? x : x.contiguous();
+  };
+  auto qc = rows(q);
+  auto kc = rows(k);
+  auto vc = rows(v);
   const int64_t B = qc.size(0), T = qc.size(1), H = qc.size(2), D = qc.size(3);
   const int64_t Hkv = kc.size(2), group = H / Hkv;
   const int64_t blocks = (T + QBLOCK - 1) / QBLOCK;
-  auto out = at::empty_like(qc);
+  auto out = at::empty({B, T, H, D}, qc.options());
   const float *Q = qc.data_ptr<float>(), *K = kc.data_ptr<float>(), *V = vc.data_ptr<float>();
   float* O = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
   at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(QBLOCK * T);
+    std::vector<float> scores(std::min(QBLOCK, T) * T);
+    std::vector<float> inv(QBLOCK);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t blk = item % blocks, bh = item / blocks;
       const int64_t b = bh / H, h = bh % H, g = h / group;
       const int64_t t0 = blk * QBLOCK, n = std::min(QBLOCK, T - t0), width = t0 + n;
-      const float* qb = Q + ((b * T + t0) * H + h) * D;  // n queries, H * D apart
-      const float* kb = K + (b * T * Hkv + g) * D;  // keys 0 .. width - 1, H_kv * D apart
-      const float* vb = V + (b * T * Hkv + g) * D;
+      // n queries, qc.stride(1) apart; keys and values 0 .. width - 1, k/v.stride(1) apart
+      const float* qb = Q + b * qc.stride(0) + t0 * qc.stride(1) + h * qc.stride(2);
+      const float* kb = K + b * kc.stride(0) + g * kc.stride(2);
+      const float* vb = V + b * vc.stride(0) + g * vc.stride(2);
       float* ob = O + ((b * T + t0) * H + h) * D;
       float* s = scores.data();  // [n, width]
       // scores^T [width, n] = K [width, D] . Q^T (column-major BLAS), scaled
-      blas_gemm('T', 'N', width, n, D, sc, kb, Hkv * D, qb, H * D, 0.f, s, width);
-      std::vector<float> inv(n);
+      blas_gemm('T', 'N', width, n, D, sc, kb, kc.stride(1), qb, qc.stride(1), 0.f, s, width);
       for (int64_t r = 0; r < n; ++r) {
         float* sr = s + r * width;
         const int64_t seen = t0 + r + 1;  // keys 0 .. t0 + r
@@ -365,7 +376,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
         inv[r] = 1.f / sum;
       }
       // out^T [D, n] = V^T [D, width] . P^T, written into the output rows (H * D apart)
-      blas_gemm('N', 'N', D, n, width, 1.f, vb, Hkv * D, s, width, 0.f, ob, H * D);
+      blas_gemm('N', 'N', D, n, width, 1.f, vb, vc.stride(1), s, width, 0.f, ob, H * D);
       for (int64_t r = 0; r < n; ++r) scale_vec(ob + r * H * D, inv[r], D);
     }
   });
@@ -401,15 +412,18 @@ def available() -> bool:
     try:
         from torch.utils.cpp_extension import load_inline
 
-        os.makedirs(BUILD_DIR, exist_ok=True)
-        # named by its source: checkouts of different versions share the cache directory
+        # named by its source, and built in a folder of its own: checkouts of different
+        # versions share the cache, and a shared build folder (one main.cpp, one main.o) let
+        # two of them building at once link one's object under the other's name
         name = "leapdecode_cached_attention_" + hashlib.sha1(_SOURCE.encode()).hexdigest()[:12]
+        build = os.path.join(BUILD_DIR, name)
+        os.makedirs(build, exist_ok=True)
         load_inline(
             name=name,
             cpp_sources=[_SOURCE],
             functions=None,
             extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"],
-            build_directory=BUILD_DIR,
+            build_directory=build,
             is_python_module=False,
             verbose=False,
         )

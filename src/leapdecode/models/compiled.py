@@ -183,8 +183,8 @@ class CompiledForward:
     def _layers_fresh(self, tokens, positions):
         """A fresh prompt (nothing cached before it; rows right-padded): causal attention
         over its own tokens, through attention_cpu's `causal_attention` where the kernel is
-        built (1.3-1.7x SDPA's causal path on this CPU, docs/prefill_step.md), else SDPA's.
-        Returns what `_stack` does."""
+        built (its attention 1.3-1.7x SDPA's causal path on this CPU, a prompt forward
+        1.04-1.17x: docs/prefill_step.md), else SDPA's. Returns what `_stack` does."""
         gqa = self.model.n_heads != self.model.n_kv_heads
         scale = self.model.head_dim**-0.5
 
