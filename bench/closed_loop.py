@@ -130,7 +130,8 @@ def main() -> None:
         for s in steps:
             for (m, k), n in zip(s.get("plan", []), s.get("emitted", []), strict=False):
                 by[m if k else "none"].append(n)
-        return {"config": label + (" prefill" if one_token else ""), "tok_s": round(tokens / wall, 1), "wall_s": round(wall, 2),
+        name = label + (" prefill" if one_token else "")
+        return {"config": name, "tok_s": round(tokens / wall, 1), "wall_s": round(wall, 2),
                 "decode_steps": sum(1 for s in steps if "plan" in s),
                 "plan_s": round(sum(s.get("plan_s", 0) for s in steps), 3),
                 "prefill_s": round(sum(s.get("prefill_s", 0) for s in steps), 2),

@@ -10,8 +10,9 @@ new tokens, round r from prompt r x requests, a warm-up from the middle); vLLM's
 `LLM.generate` with `max_num_seqs` = C admits the next request as soon as one finishes, as
 closed_loop's clients do. Per run it prints tokens/s and wall time; `--prefill` adds a run of
 the same prompts for one token each (the prompts alone, C admitted at a time), the figure
-`closed_loop.py --prefill` prints as "prefill alone". One configuration a process: a second vLLM engine loaded
-beside the first slows it (its engine core polls while idle; README, "vLLM's dtype").
+`closed_loop.py --prefill` prints as "prefill alone". One configuration a process: a second
+vLLM engine loaded beside the first slows it (its engine core polls while idle; README,
+"vLLM's dtype").
 """
 
 from __future__ import annotations
@@ -77,8 +78,9 @@ def main() -> None:
         out = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - t0
         tokens = sum(len(o.outputs[0].token_ids) for o in out)
-        return {"config": label + (" prefill" if one_token else ""), "tok_s": round(tokens / wall, 1),
-                "wall_s": round(wall, 2), "prompt_tokens": sum(len(i) for i, _ in reqs)}  # fmt: skip
+        name = label + (" prefill" if one_token else "")
+        return {"config": name, "tok_s": round(tokens / wall, 1), "wall_s": round(wall, 2),
+                "prompt_tokens": sum(len(i) for i, _ in reqs)}  # fmt: skip
 
     run(len(rows) // 2)  # warm-up
     results: list[float] = []
