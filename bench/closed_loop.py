@@ -56,6 +56,7 @@ def main() -> None:
                     help=",".join(CONFIGS) + " (each also as NAME-padded)")  # fmt: skip
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--compile", action="store_true", help="the compiled forward (--compile)")
+    ap.add_argument("--dtype", default="auto", help="the target's dtype (auto: the checkpoint's)")
     ap.add_argument("--prefill", action="store_true",
                     help="also time each round's prompts alone (one token each), as "
                          "bench/vllm_closed_loop.py --prefill does for vLLM")  # fmt: skip
@@ -64,7 +65,7 @@ def main() -> None:
     target, draft = resolve_models(None, None)
     dec = LeapDecoder.from_pretrained(target, draft=draft, threads=args.threads,
                                       suffix_decoding_max_cached_requests=0,
-                                      compile=args.compile)  # fmt: skip
+                                      compile=args.compile, dtype=args.dtype)  # fmt: skip
     eng = dec.engine
     sets = workloads.load(PROMPTS)
     rows = [r for group in zip(*sets.values(), strict=False) for r in group]

@@ -63,13 +63,69 @@ def main() -> int:
         ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         rows.append({"prompts": b, "tokens": n, **{f"{k}_ms": v for k, v in ms.items()}})
     model.compiled = compiled
-    write(rows, args)
+    flops = forward_flops(model)
+    for r in rows:
+        r["gflop"] = r["prompts"] * flops(r["tokens"]) / 1e9
+    write(rows, matmul_rates(model, args.reps), args)
     return 0
 
 
-def write(rows: list[dict], args) -> None:
+def forward_flops(model):
+    """A prompt of n tokens' arithmetic: 2 flops a layer weight a token, the causal attention
+    (4 x heads x head_dim flops a key, (n + 1) / 2 keys a token on average) and the LM head at
+    the last token."""
+    cfg = model.config
+    hidden, inter, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    h, h_kv, d = model.n_heads, model.n_kv_heads, model.head_dim
+    weights = layers * (hidden * (h + 2 * h_kv) * d + h * d * hidden + 3 * hidden * inter)
+
+    def flops(n: int) -> float:
+        attention = layers * 4 * h * d * n * (n + 1) / 2
+        return 2 * weights * n + attention + 2 * hidden * model.vocab_size
+
+    return flops
+
+
+def matmul_rates(model, reps: int) -> list[dict]:
+    """GFLOP/s of the prompt graph's matmuls alone, at its shapes (rows x in -> out), in float32
+    as the native backend lays its weights ([in, out], `torch.matmul`) and in bfloat16
+    (`F.linear`, oneDNN), and of a 1024^3 product: the ceiling a prompt forward runs against."""
+    import torch.nn.functional as F
+
+    cfg = model.config
+    hidden, inter = cfg.hidden_size, cfg.intermediate_size
+    qkv = (model.n_heads + 2 * model.n_kv_heads) * model.head_dim
+    shapes = [(m, k, n) for m in (356, 600) for k, n in
+              ((hidden, qkv), (hidden, 2 * inter), (inter, hidden))]  # fmt: skip
+    shapes.append((1024, 1024, 1024))
+    out = []
+    for m, k, n in shapes:
+        x, w = torch.randn(m, k), torch.randn(n, k)
+        wt = w.t().contiguous()
+        xb, wb = x.bfloat16(), w.bfloat16()
+        runs = {
+            "float32": lambda x=x, wt=wt: torch.matmul(x, wt),
+            "bfloat16": lambda xb=xb, wb=wb: F.linear(xb, wb),
+        }
+        times = {name: [] for name in runs}
+        for _ in range(3):
+            for f in runs.values():
+                f()
+        for _ in range(max(reps, 5) * 3):
+            for name, f in runs.items():
+                t0 = time.perf_counter()
+                f()
+                times[name].append(time.perf_counter() - t0)
+        rate = {f"{name}_gflops": 2 * m * k * n / statistics.median(t) / 1e9
+                for name, t in times.items()}  # fmt: skip
+        out.append({"rows": m, "in": k, "out": n, **rate})
+    return out
+
+
+def write(rows: list[dict], rates: list[dict], args) -> None:
     with open(args.out + ".json", "w") as f:
-        json.dump({"threads": args.threads, "torch": torch.__version__, "rows": rows}, f, indent=1)
+        json.dump({"threads": args.threads, "torch": torch.__version__, "rows": rows,
+                   "matmul": rates}, f, indent=1)  # fmt: skip
     lines = [
         "# Prefill: eager and compiled",
         "",
@@ -83,15 +139,31 @@ def write(rows: list[dict], args) -> None:
         f"{args.reps} interleaved forwards.",
         "",
         "| prompts x tokens | eager ms | compiled, SDPA ms | compiled ms | eager / compiled | "
-        "SDPA / kernel | compiled tokens/s |",
-        "|---|---|---|---|---|---|---|",
+        "SDPA / kernel | compiled tokens/s | compiled GFLOP/s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         n = r["prompts"] * r["tokens"]
         lines.append(
             f"| {r['prompts']} x {r['tokens']} | {r['eager_ms']:.1f} | {r['sdpa_ms']:.1f} | "
             f"{r['compiled_ms']:.1f} | {r['eager_ms'] / r['compiled_ms']:.2f}x | "
-            f"{r['sdpa_ms'] / r['compiled_ms']:.2f}x | {n / r['compiled_ms'] * 1e3:.0f} |"
+            f"{r['sdpa_ms'] / r['compiled_ms']:.2f}x | {n / r['compiled_ms'] * 1e3:.0f} | "
+            f"{r['gflop'] / r['compiled_ms'] * 1e3:.1f} |"
+        )
+    lines += [
+        "",
+        "GFLOP/s: the forward's arithmetic (2 flops a layer weight a token, the causal "
+        "attention, the LM head at the last token) over its time. The ceiling it runs "
+        "against, the same matmuls alone (median of interleaved calls; float32 as the native "
+        "backend lays its weights, `torch.matmul` with [in, out]; bfloat16 `F.linear`):",
+        "",
+        "| rows x in -> out | float32 GFLOP/s | bfloat16 GFLOP/s |",
+        "|---|---|---|",
+    ]
+    for r in rates:
+        lines.append(
+            f"| {r['rows']} x {r['in']} -> {r['out']} | {r['float32_gflops']:.1f} | "
+            f"{r['bfloat16_gflops']:.1f} |"
         )
     lines += ["", "![prefill](prefill_step.png)", ""]
     with open(args.out + ".md", "w") as f:

@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--config", default="none", help="none, or ngramK (K drafts)")
     ap.add_argument("--prefill", action="store_true", help="also time the prompts alone")
+    ap.add_argument("--dtype", default="float32", help="float32 (the checkpoint's) or bfloat16")
     args = ap.parse_args()
     from transformers import AutoConfig, AutoTokenizer
     from vllm import LLM, SamplingParams
@@ -58,7 +59,7 @@ def main() -> None:
         raise SystemExit(f"unknown configuration {label!r}: use none or ngramK (ngram8, say)")
     llm = LLM(
         model=target,
-        dtype="float32",
+        dtype=args.dtype,
         max_model_len=max_context,
         seed=0,
         enable_prefix_caching=False,
