@@ -16,6 +16,25 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("train", help="train a tokenizer, a target LM or a distilled draft")
     what = p.add_subparsers(dest="what", required=True, parser_class=type(p))
 
+    co = what.add_parser(
+        "corpus", help="a code corpus from pinned PyPI packages (pip), with the stdlib"
+    )
+    co.add_argument("--out", required=True, help="output folder (resumable: rerun to continue)")
+    co.add_argument(
+        "--packages",
+        default=None,
+        help="package list (JSON; default: the one shipped, train/corpus_packages.json)",
+    )
+    co.add_argument("--no-stdlib", action="store_true", help="leave the Python stdlib out")
+    co.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer (or model) folder for the token streams (default: the embedded target's)",
+    )
+    co.add_argument("--no-tokens", action="store_true", help="sources only, no token streams")
+    co.add_argument("--only", type=int, default=0, help="the first N packages of the list only")
+    co.add_argument("--val-percent", type=float, default=2.0)
+
     tok = what.add_parser("tokenizer", help="byte-level BPE on the training split")
     _data_args(tok)
     tok.add_argument("--vocab-size", type=int, default=8192)
@@ -132,6 +151,9 @@ def _model_args(p, hidden, layers, heads, kv_heads, intermediate) -> None:
     p.add_argument("--intermediate", type=int, default=intermediate)
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--save-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--shard-mb", type=int, default=16, help="weights in safetensors files of at most this MiB"
+    )
 
 
 def _loop_args(p, steps, batch, lr) -> None:
@@ -155,6 +177,17 @@ def _loop_args(p, steps, batch, lr) -> None:
         help="torch.compile the training step (about 1.3x faster on CPU; needs a C++ compiler)",
     )
     p.add_argument(
+        "--device",
+        default="auto",
+        help="auto (cuda when a GPU is visible), cpu, cuda or cuda:N",
+    )
+    p.add_argument(
+        "--fused-adamw",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="AdamW's fused kernel; auto: on for CUDA",
+    )
+    p.add_argument(
         "--max-minutes",
         type=float,
         default=0.0,
@@ -166,6 +199,28 @@ def _loop_args(p, steps, batch, lr) -> None:
         help="stages CONTEXTxBATCH:STEPS,... (e.g. 256x8:6000,1024x4:2000); overrides "
         "--steps, --batch and --context for the batches (the model's context stays --context)",
     )
+
+
+def cmd_corpus(args) -> int:
+    from ..paths import TARGET_NAME, default_model
+    from .pypi_corpus import PACKAGES, build, load_packages
+
+    packages = load_packages(args.packages or PACKAGES)
+    if args.only < 0:
+        raise LeapDecodeError("--only must be >= 0")
+    if args.only:
+        packages = packages[: args.only]
+    tokenizer = None if args.no_tokens else (args.tokenizer or default_model(TARGET_NAME))
+    m = build(args.out, packages, not args.no_stdlib, tokenizer, args.val_percent)
+    print(f"corpus in {args.out}: {m['n_packages']} packages, {m['files']} files, "
+          f"{m['bytes']['train_and_validation'] / 1e6:.1f} MB to train on, "
+          f"{m['bytes']['heldout'] / 1e6:.1f} MB held out")  # fmt: skip
+    for split, c in (m.get("tokens") or {}).items():
+        if isinstance(c, dict):
+            print(
+                f"  {split}: {c['tokens'] / 1e6:.1f}M tokens ({c['bytes_per_token']} bytes a token)"
+            )
+    return 0
 
 
 def cmd_tokenizer(args) -> int:
@@ -263,6 +318,7 @@ def cmd_pard(args) -> int:
 
 def cmd_train(args) -> int:
     return {
+        "corpus": cmd_corpus,
         "tokenizer": cmd_tokenizer,
         "target": cmd_target,
         "draft": cmd_draft,

@@ -13,7 +13,7 @@ from .tokenizer import EOS
 def encode_split(tokenizer, root: str, files: list[corpus.SourceFile], split: str) -> np.ndarray:
     texts = [corpus.read(root, f) for f in files if f.split == split]
     eos = tokenizer.convert_tokens_to_ids(EOS)
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
     out = []
     for seq in ids:
         out.append(eos)
@@ -26,7 +26,7 @@ def load_or_encode(tokenizer, root: str, files, split: str, cache_dir: str) -> n
     """Encode a split once and keep it in the run folder (`{split}.npy`)."""
     path = os.path.join(cache_dir, f"{split}.npy")
     if os.path.isfile(path):
-        return np.load(path)
+        return np.load(path, mmap_mode="r")  # memory-mapped: batches read what they need
     arr = encode_split(tokenizer, root, files, split)
     os.makedirs(cache_dir, exist_ok=True)
     np.save(path, arr)

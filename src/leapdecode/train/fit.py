@@ -26,15 +26,19 @@ def extensions(args) -> tuple[str, ...]:
 
 
 def _train_config(args) -> TrainConfig:
-    for name in ("steps", "batch", "context"):
-        if getattr(args, name) < 1:
-            raise LeapDecodeError(f"--{name} must be >= 1")
+    for name in ("steps", "batch", "context", "shard_mb"):
+        if getattr(args, name, 1) < 1:
+            raise LeapDecodeError(f"--{name.replace('_', '-')} must be >= 1")
     if args.lr <= 0:
         raise LeapDecodeError("--lr must be > 0")
     stages = parse_schedule(args.schedule, args.context) if args.schedule else ()
     steps = sum(s for _, _, s in stages) if stages else args.steps
     warmup = args.warmup if args.warmup is not None else max(1, steps * 6 // 100)
-    bf16 = {"auto": cpu_has_fast_bf16(), "bf16": True, "fp32": False}[args.precision]
+    device = resolve_device(getattr(args, "device", "cpu"))
+    cuda = device.startswith("cuda")
+    auto_bf16 = torch.cuda.is_bf16_supported() if cuda else cpu_has_fast_bf16()
+    bf16 = {"auto": auto_bf16, "bf16": True, "fp32": False}[args.precision]
+    fused = getattr(args, "fused_adamw", "auto")
     return TrainConfig(
         steps=steps,
         batch=args.batch,
@@ -50,7 +54,24 @@ def _train_config(args) -> TrainConfig:
         stages=stages,
         compile=args.compile,
         max_seconds=60 * args.max_minutes,
+        device=device,
+        fused_adamw=cuda if fused == "auto" else fused == "on",
     )
+
+
+def resolve_device(name: str) -> str:
+    """--device: auto (cuda when a GPU is visible), cpu, cuda or cuda:N; a clear error when
+    CUDA is asked for and not there."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise LeapDecodeError(
+            f"--device {name}: torch sees no CUDA device here (torch {torch.__version__}); "
+            "use --device cpu, or install a CUDA build of torch"
+        )
+    if name != "cpu" and not name.startswith("cuda"):
+        raise LeapDecodeError(f"--device {name!r}: use auto, cpu, cuda or cuda:N")
+    return name
 
 
 def parse_schedule(text: str, max_context: int) -> tuple:
@@ -121,7 +142,10 @@ def _save(model, tokenizer, args, root, files, summary: dict, kind: str) -> None
 
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     os.makedirs(args.out, exist_ok=True)
-    model.to(dtype[args.save_dtype]).save_pretrained(args.out, safe_serialization=True)
+    shard = getattr(args, "shard_mb", 16) * 2**20  # bytes a file at most (one larger tensor aside)
+    model.to(dtype[args.save_dtype]).save_pretrained(
+        args.out, safe_serialization=True, max_shard_size=shard
+    )
     model.float()
     tokenizer.save_pretrained(args.out)
     eos = tokenizer.eos_token_id
@@ -200,7 +224,12 @@ def fit(args, tokenizer, kind: str, teacher=None, save_partial: bool = False) ->
             raise LeapDecodeError(
                 f"{args.tokens!r} not found: make it with `leapdecode train selfgen`"
             )
-        train_tokens = np.load(args.tokens)
+        train_tokens = np.load(args.tokens, mmap_mode="r")  # read where batches fall
+    if len(val_tokens) < 3:
+        raise LeapDecodeError(
+            f"the validation split of {root!r} is empty ({len(files)} files, "
+            f"--val-percent {args.val_percent}): raise --val-percent or give more files"
+        )
     if len(train_tokens) < args.context + 2:
         raise LeapDecodeError(
             f"{len(train_tokens)} training tokens cannot fill one window of --context "

@@ -46,6 +46,8 @@ class TrainConfig:
     stages: tuple = ()  # ((context, batch, steps), ...); empty: one stage of the fields above
     eval_context: int = 0  # validation window; 0 = the longest context trained on
     compile: bool = False  # torch.compile the training step (needs a C++ compiler)
+    device: str = "cpu"  # where the model trains: cpu | cuda (cuda:N)
+    fused_adamw: bool = False  # the optimizer's fused kernel (one launch for every parameter)
     max_seconds: float = 0.0  # stop (checkpointed) after this much training time; 0 = no limit
 
     def plan(self) -> list[tuple[int, int, int]]:
@@ -70,7 +72,15 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
 
 
 def _autocast(cfg: TrainConfig):
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16)
+    return torch.autocast(torch.device(cfg.device).type, dtype=torch.bfloat16, enabled=cfg.bf16)
+
+
+def _to_device(batch: np.ndarray, cfg: TrainConfig) -> torch.Tensor:
+    """A numpy batch on the training device (pinned and copied asynchronously to a GPU)."""
+    t = torch.from_numpy(batch)
+    if torch.device(cfg.device).type == "cuda":
+        return t.pin_memory().to(cfg.device, non_blocking=True)
+    return t
 
 
 def loss_fn(model, batch: torch.Tensor, cfg: TrainConfig, teacher=None) -> torch.Tensor:
@@ -98,7 +108,7 @@ def eval_loss(model, tokens: np.ndarray, cfg: TrainConfig) -> float:
     context = cfg.eval_context or max(c for c, _, _ in cfg.plan())
     context = min(context, len(tokens) - 2)
     for i in range(cfg.eval_batches):
-        b = torch.from_numpy(batch_at(tokens, i, 4, context, seed=12345))
+        b = _to_device(batch_at(tokens, i, 4, context, seed=12345), cfg)
         with _autocast(cfg):
             logits = model(input_ids=b[:, :-1]).logits
         total += float(F.cross_entropy(logits.float().flatten(0, 1), b[:, 1:].flatten()))
@@ -133,6 +143,9 @@ def train(
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     os.makedirs(run_dir, exist_ok=True)
+    model.to(cfg.device)
+    if teacher is not None:
+        teacher.to(cfg.device)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -143,11 +156,12 @@ def train(
         lr=cfg.lr,
         betas=(0.9, 0.95),
         eps=1e-8,
+        fused=cfg.fused_adamw or None,
     )
     ckpt_path = os.path.join(run_dir, "checkpoint.pt")
     start, log = 0, []
     if os.path.isfile(ckpt_path):
-        state = torch.load(ckpt_path, weights_only=False)
+        state = torch.load(ckpt_path, weights_only=False, map_location=cfg.device)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         start, log = state["step"], state["log"]
@@ -178,7 +192,7 @@ def train(
             batch = batch_at(train_tokens, step, rows, context, cfg.seed)
         else:
             batch = batches.batch_at(step, rows, context)
-        loss = step_loss(torch.from_numpy(batch))
+        loss = step_loss(_to_device(batch, cfg))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()

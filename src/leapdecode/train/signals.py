@@ -68,7 +68,8 @@ class CopyProbe:
 
     @staticmethod
     def _logits(model, ids: list[int]) -> torch.Tensor:
-        return model(input_ids=torch.tensor([ids])).logits[0].float()  # [T, V]
+        dev = next(model.parameters()).device
+        return model(input_ids=torch.tensor([ids], device=dev)).logits[0].float().cpu()  # [T, V]
 
     def _first_miss(self, model, prompt: list[int], rest: list[int]) -> int:
         """Tokens of `rest` the model's argmax reproduces before its first difference."""
