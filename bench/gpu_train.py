@@ -45,9 +45,10 @@ OUT_FILES, OUT_FILE_MIB = 8, 16  # what comes back
 CHUNK = 1_000_000  # tokens a compressed part of the training stream holds
 SAMPLE = 1_000_000  # tokens of the validation and held-out samples
 # (hidden, layers, heads, kv heads, intermediate): candidates under the output limit (4 shards
-# of 16 MiB in bfloat16, about 32M parameters with an 8192-token vocabulary)
-CANDIDATES = [(384, 12, 6, 2, 1024), (512, 8, 8, 4, 1376), (512, 12, 8, 4, 1376),
-              (640, 10, 10, 5, 1728)]  # fmt: skip
+# of 16 MiB in bfloat16 with a 10% margin for the shards' packing: about 30M parameters with an
+# 8192-token vocabulary; 22M, 27M and 30M here), few layers each: the target decodes on CPUs,
+# where a step's cost follows its layers more than its width
+CANDIDATES = [(384, 12, 6, 2, 1024), (512, 8, 8, 4, 1376), (576, 7, 9, 3, 1536)]
 TINY = [(32, 1, 2, 1, 64), (48, 2, 2, 1, 96)]
 
 
@@ -131,6 +132,12 @@ def cmd_pack(args) -> int:
         with open(path) as f:
             manifest = json.load(f)
     bpt = manifest.get("tokens") or {}
+    tokenizer = (manifest.get("tokens") or {}).get("tokenizer")
+    if tokenizer and os.path.isdir(tokenizer):  # the model's vocabulary and end-of-text id
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+        meta.update(vocab_size=len(tok), eos_token_id=tok.eos_token_id, tokenizer=tokenizer)
     meta.update(
         train_tokens=sum(p["tokens"] for p in meta["parts"]),
         corpus_train_tokens=len(streams["train"]),
@@ -176,11 +183,10 @@ def load_stream(data: str, work: str) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return train, val, held, meta
 
 
-def llama(shape, vocab: int, context: int):
+def llama(shape, vocab: int, context: int, eos: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     hidden, layers, heads, kv, inter = shape
-    eos = _v1_config().get("eos_token_id", 0)  # the same tokenizer as v1
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
                       num_hidden_layers=layers, num_attention_heads=heads,
                       num_key_value_heads=kv, max_position_embeddings=context,
@@ -201,7 +207,7 @@ def train_for(shape, args, train, val, seconds: float, steps: int, run_dir: str,
 
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: never resume an earlier one
     torch.manual_seed(0)
-    model = llama(shape, args.vocab, args.context)
+    model = llama(shape, args.vocab, args.context, args.eos)
     cuda = args.device.startswith("cuda")
     cfg = TrainConfig(steps=steps, batch=args.batch, context=args.context, lr=args.lr,
                       warmup=max(1, steps * 6 // 100), eval_every=max(1, steps // 4),
@@ -262,9 +268,12 @@ def cmd_run(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     work = args.work
     train, val, held, meta = load_stream(args.data, work)
+    # the tokenizer's vocabulary and end-of-text id, as pack recorded them (else v1's)
+    args.vocab = args.vocab or meta.get("vocab_size") or _v1_config().get("vocab_size", 8192)
+    args.eos = meta.get("eos_token_id", _v1_config().get("eos_token_id", 0))
     print(f"{len(train) / 1e6:.1f}M training tokens on {args.device} "
           f"({time.perf_counter() - t_start:.1f} s to unpack)", flush=True)  # fmt: skip
-    limit = (OUT_FILES - 4) * OUT_FILE_MIB * 2**20 // 2  # parameters in 4 bfloat16 shards
+    limit = 0.9 * (OUT_FILES - 4) * OUT_FILE_MIB * 2**20 / 2  # parameters in 4 bfloat16 shards
     candidates = TINY if args.tiny else CANDIDATES
     candidates = [c for c in candidates if n_params(c, args.vocab) <= limit]
     sweep = []
@@ -370,8 +379,8 @@ def main() -> int:
     r.add_argument("--context", type=int, default=1024)
     r.add_argument("--batch", type=int, default=64)
     r.add_argument("--lr", type=float, default=2e-3)
-    r.add_argument("--vocab", type=int, default=_v1_config().get("vocab_size", 8192),
-                   help="the tokenizer's size (default: the embedded target's)")  # fmt: skip
+    r.add_argument("--vocab", type=int, default=0,
+                   help="the tokenizer's size (default: what pack recorded)")  # fmt: skip
     r.add_argument("--sweep-seconds", type=float, default=15.0)
     r.add_argument("--tokens-per-param", type=float, default=10.0)
     r.add_argument("--eval-seconds", type=float, default=30.0)

@@ -43,13 +43,18 @@ def corpus_dir(tmp_path):
     _wheel(arch, "beta", "2.0", "BSD-3-Clause", {"beta/same.py": CODE + "\n  \n",  # a copy
                                                  "beta/own.py": body.replace("x", "y")})  # fmt: skip
     _wheel(arch, "gamma", "0.1", "GPL-3.0-only", {"gamma/g.py": "y = 2\n"})
-    _wheel(arch, "delta", "3.0", "Apache-2.0", {"delta/d.py": body.replace("x", "z") * 3})
+    _wheel(arch, "delta", "3.0", "Apache-2.0", {"delta/d.py": body.replace("x", "z") * 3,
+                                               "delta/shared.py": "held = 'out'\n"})  # fmt: skip
+    # a training package that bundles a held-out file: the copy is dropped from training
+    _wheel(arch, "epsilon", "1.0", "MIT", {"epsilon/copy_of_delta.py": "held = 'out'\n",
+                                           "epsilon/thirdparty_files/x/y.py": "z = 3\n"})  # fmt: skip
     packages = tmp_path / "packages.json"
     packages.write_text(json.dumps({"packages": [
         {"name": "alpha", "version": "1.0", "license": "MIT"},
         {"name": "beta", "version": "2.0", "license": "BSD-3-Clause"},
         {"name": "gamma", "version": "0.1", "license": "MIT"},
-        {"name": "delta", "version": "3.0", "license": "Apache-2.0", "heldout": True}]}))  # fmt: skip
+        {"name": "delta", "version": "3.0", "license": "Apache-2.0", "heldout": True},
+        {"name": "epsilon", "version": "1.0", "license": "MIT"}]}))  # fmt: skip
     return out, packages
 
 
@@ -64,6 +69,9 @@ def test_corpus_from_wheels_dedup_licences_heldout_resume(corpus_dir):
     assert by["gamma"]["excluded"] == "copyleft licence" and by["gamma"]["files"] == 0
     assert by["alpha"]["license_metadata"] == "MIT" and len(by["alpha"]["archive_sha256"]) == 64
     assert m["heldout_packages"] == ["delta"]
+    assert by["delta"]["files"] == 2  # held-out first: its file is kept there ...
+    assert by["epsilon"]["files"] == 0  # ... and the training copy dropped, as the bundled one
+    assert by["epsilon"]["duplicates_dropped"] == 1 and by["epsilon"]["other_dropped"] == 1
     assert (out / "heldout" / "delta" / "delta" / "d.py").is_file()
     assert not (out / "src" / "delta").exists()
     tokens = m["tokens"]

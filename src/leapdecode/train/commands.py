@@ -38,6 +38,12 @@ def add_parsers(sub) -> None:
     tok = what.add_parser("tokenizer", help="byte-level BPE on the training split")
     _data_args(tok)
     tok.add_argument("--vocab-size", type=int, default=8192)
+    tok.add_argument(
+        "--sample-percent",
+        type=float,
+        default=100.0,
+        help="learn on this share of the training files (by path hash)",
+    )
     tok.add_argument("--out", required=True)
 
     tgt = what.add_parser("target", help="a Llama-architecture LM, cross-entropy")
@@ -228,7 +234,16 @@ def cmd_tokenizer(args) -> int:
 
     if not 256 < args.vocab_size <= 65_536:
         raise LeapDecodeError("--vocab-size must be in 257..65536")
-    tok = train_tokenizer(args.data, args.out, args.vocab_size, extensions(args), args.val_percent)
+    if not 0 < args.sample_percent <= 100:
+        raise LeapDecodeError("--sample-percent must be in (0, 100]")
+    tok = train_tokenizer(
+        args.data,
+        args.out,
+        args.vocab_size,
+        extensions(args),
+        args.val_percent,
+        args.sample_percent,
+    )
     print(f"tokenizer with {len(tok)} tokens saved to {args.out}")
     return 0
 

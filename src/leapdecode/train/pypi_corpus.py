@@ -15,8 +15,8 @@ platform's wheel: only its .py files are read), and laid out as
     OUT/manifest.json        packages, versions, licences (ours and the wheel's metadata),
                              archive sha256, files kept and dropped, bytes and tokens by split
 
-Files are deduplicated by content across packages (first in list order kept, the stdlib
-first); vendored copies of other projects (`_vendor/`, `vendored/`), files over 1 MB and
+Files are deduplicated by content across packages (the first copy kept: the stdlib, then the
+held-out packages, then the rest in list order, so no held-out file is trained on); vendored copies of other projects (`_vendor/`, `vendored/`), files over 1 MB and
 files that are not UTF-8 are left out. A package whose wheel metadata names a copyleft
 licence (GPL, LGPL, AGPL, MPL, EPL, EUPL, CDDL, SSPL) is dropped, whatever the list says.
 """
@@ -41,7 +41,9 @@ from . import corpus
 
 PACKAGES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus_packages.json")
 MAX_FILE_BYTES = 1_000_000  # larger .py files are generated data, not code
-VENDORED = ("/_vendor/", "/vendor/", "/vendored/", "/_vendored/", "/third_party/")
+# folders holding other projects' copies (ray's thirdparty_files bundles psutil and more)
+VENDORED = {"_vendor", "vendor", "vendored", "_vendored", "third_party", "thirdparty",
+            "_thirdparty", "thirdparty_files", "extern", "_extern", "externals"}  # fmt: skip
 COPYLEFT = ("GPL", "MPL", "EPL-", "ECLIPSE PUBLIC", "EUPL", "CDDL", "SSPL", "MOZILLA PUBLIC")
 STDLIB = "python-stdlib"
 # any platform's wheel will do: only its .py files are read
@@ -138,7 +140,7 @@ def _norm(name: str) -> str:
 def _keep(rel: str, data: bytes) -> bool:
     if not rel.endswith(".py") or len(data) > MAX_FILE_BYTES or not data.strip():
         return False
-    if any(v in "/" + rel for v in VENDORED):
+    if VENDORED.intersection(rel.split("/")[:-1]):
         return False
     try:
         data.decode("utf-8")
@@ -214,7 +216,12 @@ def build(
         raise LeapDecodeError("the package list names a package twice: keep one version of each")
     seen: set[str] = set()
     records: dict[str, dict] = {}
-    units = ([Package(STDLIB, sys.version.split()[0], "PSF-2.0")] if stdlib else []) + packages
+    # held-out packages right after the stdlib: a file they share with a training package is
+    # then dropped from training (deduplication keeps the first copy), so nothing held out is
+    # trained on
+    units = ([Package(STDLIB, sys.version.split()[0], "PSF-2.0")] if stdlib else []) + sorted(
+        packages, key=lambda p: not p.heldout
+    )
     for pkg in units:  # what earlier runs kept, in order: the deduplication resumes from it
         path = os.path.join(out, "done", pkg.name + ".json")
         if os.path.isfile(path):

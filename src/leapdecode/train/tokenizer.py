@@ -18,10 +18,15 @@ def train_tokenizer(
     vocab_size: int = 8192,
     extensions=(".py",),
     val_percent: float = 2.0,
+    sample_percent: float = 100.0,
 ) -> PreTrainedTokenizerFast:
+    """sample_percent: learn the merges on this share of the training files (picked by path
+    hash, so the same ones every time): a large corpus's merges settle on a sample."""
     root = root or corpus.stdlib_dir()
     files = corpus.scan(root, extensions, val_percent)
     train = [f for f in files if f.split == "train"]
+    if sample_percent < 100:
+        train = [f for f in train if corpus.is_validation("sample/" + f.path, sample_percent)]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
