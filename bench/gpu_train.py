@@ -69,6 +69,16 @@ def tree_mib() -> float:
         os.path.join(ROOT, n))) / 2**20  # fmt: skip
 
 
+def spread(stream: np.ndarray, n: int, pieces: int) -> np.ndarray:
+    """n tokens of `stream` in `pieces` evenly spaced slices (the streams run package by
+    package: a prefix would sample the first few alone)."""
+    if len(stream) <= n:
+        return np.asarray(stream)
+    size = n // pieces
+    starts = np.linspace(0, len(stream) - size, pieces).astype(np.int64)
+    return np.concatenate([np.asarray(stream[s : s + size]) for s in starts])
+
+
 def _compress(arr: np.ndarray) -> bytes:
     return lzma.compress(np.ascontiguousarray(arr, dtype=np.uint16).tobytes(), preset=9)
 
@@ -90,13 +100,30 @@ def cmd_pack(args) -> int:
         raise SystemExit(f"no room to carry tokens: the repository's tracked files take "
                          f"{tree_mib():.1f} of the device's {TREE_LIMIT_MIB} MiB")  # fmt: skip
     os.makedirs(args.out, exist_ok=True)
-    for name in os.listdir(args.out):
-        os.remove(os.path.join(args.out, name))
+    for name in os.listdir(args.out):  # an earlier pack's files (only those)
+        if name.endswith(".xz") or name == "meta.json":
+            os.remove(os.path.join(args.out, name))
     used, meta = 0, {"parts": [], "budget_mib": round(budget, 2)}
+    manifest = {}
+    path = os.path.join(args.corpus, "manifest.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            manifest = json.load(f)
+    tokenizer = (manifest.get("tokens") or {}).get("tokenizer")
+    tok = None
+    if tokenizer and os.path.isdir(tokenizer):  # the model's vocabulary and end-of-text id
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+        meta.update(vocab_size=len(tok), eos_token_id=tok.eos_token_id, tokenizer=tokenizer)
     for split in ("validation", "heldout"):  # the samples first: they must fit
-        arr = streams[split][: args.sample]
+        arr = spread(streams[split], args.sample, 16)
         if len(arr) == 0:
             raise SystemExit(f"the corpus has no {split} tokens: its evaluation needs some")
+        if tok is not None:  # the sample's own bytes a token (bits per byte divide by it)
+            meta.setdefault("sample_bytes_per_token", {})[split] = round(
+                len(tok.decode(arr.tolist()).encode("utf-8")) / len(arr), 4
+            )
         blob = _compress(arr)
         with open(os.path.join(args.out, split + ".xz"), "wb") as f:
             f.write(blob)
@@ -297,13 +324,24 @@ def cmd_run(args) -> int:
     )
     print(f"training {pick['shape']} ({pick['params'] / 1e6:.1f}M) for {left:.0f} s, "
           f"about {steps} steps", flush=True)  # fmt: skip
-    model, summary, tok_s, _ = train_for(pick["shape"], args, train, val, left, steps,
-                                         os.path.join(work, "final"), args.compile)  # fmt: skip
+    t_final = time.perf_counter()
+    try:
+        model, summary, tok_s, _ = train_for(pick["shape"], args, train, val, left, steps,
+                                             os.path.join(work, "final"), args.compile)  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - a compiler missing there must not cost the run
+        if not args.compile:
+            raise
+        left -= time.perf_counter() - t_final
+        print(f"compiled training failed ({type(e).__name__}: {e}); eager for the {left:.0f} s "
+              "left", flush=True)  # fmt: skip
+        model, summary, tok_s, _ = train_for(pick["shape"], args, train, val, left,
+                                             int(pick["tokens_s"] * left / (args.batch * args.context)) or 1,
+                                             os.path.join(work, "final"), False)  # fmt: skip
     cfg = TrainConfig(context=args.context, eval_batches=16, bf16=args.device.startswith("cuda"),
                       device=args.device)  # fmt: skip
     losses = {s: eval_loss(model, a, cfg) if len(a) > 2 * args.context else None
               for s, a in (("validation", val), ("heldout", held))}  # fmt: skip
-    bpt = meta.get("bytes_per_token") or {}
+    bpt = meta.get("sample_bytes_per_token") or meta.get("bytes_per_token") or {}
     bpb = {s: losses[s] / math.log(2) / bpt[s] if losses[s] and bpt.get(s) else None
            for s in losses}  # fmt: skip
     span = min(128, args.context // 2)

@@ -39,6 +39,7 @@ def corpus_dir(tmp_path):
     _wheel(arch, "alpha", "1.0", "MIT", {
         "alpha/__init__.py": CODE, "alpha/core.py": body, "alpha/_vendor/six.py": "x = 1\n",
         "alpha/data.bin": "not python",
+        "alpha/hook.py": "# SPDX-License-Identifier: GPL-2.0-or-later\nx = 1\n",
         **{f"alpha/m{i}.py": body.replace("x", f"v{i}") for i in range(8)}})  # fmt: skip
     _wheel(arch, "beta", "2.0", "BSD-3-Clause", {"beta/same.py": CODE + "\n  \n",  # a copy
                                                  "beta/own.py": body.replace("x", "y")})  # fmt: skip
@@ -64,7 +65,8 @@ def test_corpus_from_wheels_dedup_licences_heldout_resume(corpus_dir):
     assert main(args) == 0
     m = json.load(open(out / "manifest.json"))
     by = {p["name"]: p for p in m["packages"]}
-    assert by["alpha"]["files"] == 10 and by["alpha"]["other_dropped"] == 1  # vendored dropped
+    # the vendored file and the file under its own GPL header are left out
+    assert by["alpha"]["files"] == 10 and by["alpha"]["other_dropped"] == 2
     assert by["beta"]["files"] == 1 and by["beta"]["duplicates_dropped"] == 1
     assert by["gamma"]["excluded"] == "copyleft licence" and by["gamma"]["files"] == 0
     assert by["alpha"]["license_metadata"] == "MIT" and len(by["alpha"]["archive_sha256"]) == 64
@@ -102,6 +104,10 @@ def test_copyleft_detection():
     assert not pypi_corpus.is_copyleft("MIT")
     assert not pypi_corpus.is_copyleft("LGPL-3.0 OR MIT")  # a permissive alternative
     assert not pypi_corpus.is_copyleft("BSD License | Apache Software License")
+    assert pypi_corpus.is_copyleft("GNU General Public License v3")
+    assert not pypi_corpus.is_copyleft("Simplified BSD")  # "MPL" inside a word
+    assert pypi_corpus.copyleft_header(b"# SPDX-License-Identifier: GPL-2.0-or-later\n")
+    assert not pypi_corpus.copyleft_header(b"# SPDX-License-Identifier: MIT\n")
 
 
 def test_gpu_train_rehearsal_on_cpu(corpus_dir, tmp_path):

@@ -87,13 +87,13 @@ def loss_fn(model, batch: torch.Tensor, cfg: TrainConfig, teacher=None) -> torch
     """Cross-entropy, or forward KL to the teacher's next-token distribution (+ CE share)."""
     inputs, labels = batch[:, :-1], batch[:, 1:]
     with _autocast(cfg):
-        logits = model(input_ids=inputs).logits
+        logits = model(input_ids=inputs, use_cache=False).logits
     logits = logits.float().flatten(0, 1)  # [B*T, V]
     ce = F.cross_entropy(logits, labels.flatten())
     if teacher is None:
         return ce
     with torch.no_grad(), _autocast(cfg):
-        t_logits = teacher(input_ids=inputs).logits
+        t_logits = teacher(input_ids=inputs, use_cache=False).logits
     t_logp = F.log_softmax(t_logits.float().flatten(0, 1), dim=-1)
     s_logp = F.log_softmax(logits, dim=-1)
     kl = F.kl_div(s_logp, t_logp, log_target=True, reduction="batchmean")  # KL(teacher || student)
@@ -110,7 +110,7 @@ def eval_loss(model, tokens: np.ndarray, cfg: TrainConfig) -> float:
     for i in range(cfg.eval_batches):
         b = _to_device(batch_at(tokens, i, 4, context, seed=12345), cfg)
         with _autocast(cfg):
-            logits = model(input_ids=b[:, :-1]).logits
+            logits = model(input_ids=b[:, :-1], use_cache=False).logits
         total += float(F.cross_entropy(logits.float().flatten(0, 1), b[:, 1:].flatten()))
     model.train()
     return total / cfg.eval_batches
@@ -197,9 +197,9 @@ def train(
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        loss = loss.item()  # waits for the step's kernels (a GPU's work is queued): dt is real
         dt = time.perf_counter() - t0
         elapsed += dt
-        loss = loss.item()
         seen += rows * context
         entry = {
             "step": step + 1,

@@ -44,7 +44,12 @@ MAX_FILE_BYTES = 1_000_000  # larger .py files are generated data, not code
 # folders holding other projects' copies (ray's thirdparty_files bundles psutil and more)
 VENDORED = {"_vendor", "vendor", "vendored", "_vendored", "third_party", "thirdparty",
             "_thirdparty", "thirdparty_files", "extern", "_extern", "externals"}  # fmt: skip
-COPYLEFT = ("GPL", "MPL", "EPL-", "ECLIPSE PUBLIC", "EUPL", "CDDL", "SSPL", "MOZILLA PUBLIC")
+# copyleft licences by name (words, not substrings: "Simplified BSD" holds "MPL")
+COPYLEFT = re.compile(
+    r"\b(A|L)?GPL|GENERAL PUBLIC LICEN[CS]E|\bMPL\b|MOZILLA PUBLIC|\bEPL\b|ECLIPSE PUBLIC|"
+    r"\bEUPL\b|\bCDDL\b|\bSSPL\b|\bOSL\b|CECILL"
+)
+HEADER_BYTES = 2048  # a file's own licence header (SPDX) is read in its first bytes
 STDLIB = "python-stdlib"
 # any platform's wheel will do: only its .py files are read
 PLATFORMS = [
@@ -94,7 +99,8 @@ def metadata_licences(z: zipfile.ZipFile) -> str:
     ]
     if classifiers:
         return " | ".join(classifiers)
-    return (msg.get("License") or "").strip().splitlines()[0][:80] if msg.get("License") else ""
+    lines = (msg.get("License") or "").strip().splitlines()
+    return lines[0][:80] if lines else ""
 
 
 def is_copyleft(text: str) -> bool:
@@ -102,10 +108,20 @@ def is_copyleft(text: str) -> bool:
     or an AND where the copyleft part is not the whole, still counts as copyleft here unless
     a permissive licence is offered as an alternative)."""
     up = text.upper()
-    if not any(c in up for c in COPYLEFT):
+    if not COPYLEFT.search(up):
         return False
     alternatives = [a.strip() for a in up.replace(" | ", " OR ").split(" OR ")]
-    return all(any(c in a for c in COPYLEFT) for a in alternatives)
+    return all(COPYLEFT.search(a) for a in alternatives)
+
+
+def copyleft_header(data: bytes) -> bool:
+    """Whether a file declares a copyleft licence of its own (an SPDX header), as a file a
+    permissive package ships under other terms may (lark's PyInstaller hook: GPL-2.0)."""
+    head = data[:HEADER_BYTES].decode("utf-8", "replace")
+    for line in head.splitlines():
+        if "SPDX-License-Identifier:" in line:
+            return is_copyleft(line.split("SPDX-License-Identifier:", 1)[1])
+    return False
 
 
 def download(pkg: Package, dest: str) -> str:
@@ -146,7 +162,7 @@ def _keep(rel: str, data: bytes) -> bool:
         data.decode("utf-8")
     except UnicodeDecodeError:
         return False
-    return True
+    return not copyleft_header(data)
 
 
 def _content_key(data: bytes) -> str:
@@ -251,7 +267,7 @@ def build(
                     rec["archive_sha256"] = hashlib.sha256(f.read()).hexdigest()
                 with zipfile.ZipFile(wheel) as z:
                     rec["license_metadata"] = metadata_licences(z)
-                    if is_copyleft(rec["license_metadata"]):
+                    if is_copyleft(rec["license_metadata"]) or is_copyleft(pkg.license):
                         rec.update(files=0, bytes=0, keys=[], excluded="copyleft licence")
                     else:
                         rec.update(_write_files(_wheel_files(z), target, seen))
@@ -265,7 +281,7 @@ def build(
         os.replace(tmp, os.path.join(out, "done", pkg.name + ".json"))
         records[pkg.name] = rec
     manifest = _manifest(out, units, records, val_percent)
-    if tokenizer_path:
+    if tokenizer_path and not failed:  # streams of a partial build would go stale
         manifest["tokens"] = _tokenise(out, tokenizer_path, val_percent)
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump({**manifest, "failed": failed}, f, indent=1)
@@ -320,6 +336,17 @@ def _tokenise(out: str, tokenizer_path: str, val_percent: float) -> dict:
             files = []
         files = [f for f in files if part in (None, f.split)]
         n_bytes = sum(f.bytes for f in files)
+        # the stream's sources and tokenizer: a stream written from others is written again
+        stamp = {
+            "files": len(files),
+            "bytes": n_bytes,
+            "tokenizer": os.path.abspath(tokenizer_path),
+        }
+        stamp_path = os.path.join(out, "tokens", split + ".json")
+        if os.path.isfile(stamp_path):
+            with open(stamp_path) as f:
+                if json.load(f) != stamp and os.path.isfile(path):
+                    os.remove(path)
         if not os.path.isfile(path):
             chunks, batch = [], 256
             for i in tqdm(range(0, len(files), batch), desc=f"tokenising {split}", unit="batch"):
@@ -329,6 +356,8 @@ def _tokenise(out: str, tokenizer_path: str, val_percent: float) -> dict:
             arr = np.concatenate(chunks) if chunks else np.zeros(0, dtype=dtype)
             np.save(path + ".tmp.npy", arr)
             os.replace(path + ".tmp.npy", path)
+            with open(stamp_path, "w") as f:
+                json.dump(stamp, f)
         n = len(np.load(path, mmap_mode="r"))
         counts[split] = {"tokens": n, "bytes": n_bytes, "files": len(files),
                          "bytes_per_token": round(n_bytes / max(n, 1), 3)}  # fmt: skip
