@@ -211,15 +211,11 @@ def load_stream(data: str, work: str) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def llama(shape, vocab: int, context: int, eos: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    hidden, layers, heads, kv, inter = shape
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
-                      num_hidden_layers=layers, num_attention_heads=heads,
-                      num_key_value_heads=kv, max_position_embeddings=context,
-                      tie_word_embeddings=True, bos_token_id=eos, eos_token_id=eos,
-                      pad_token_id=eos, rms_norm_eps=1e-5, initializer_range=0.02)  # fmt: skip
-    return LlamaForCausalLM(cfg)
+    from leapdecode.train.fit import llama_config
+
+    return LlamaForCausalLM(llama_config(shape, vocab, eos, context))
 
 
 def train_for(shape, args, train, val, seconds: float, steps: int, run_dir: str, compile_: bool):

@@ -10,16 +10,29 @@ from . import corpus
 from .tokenizer import EOS
 
 
-def encode_split(tokenizer, root: str, files: list[corpus.SourceFile], split: str) -> np.ndarray:
-    texts = [corpus.read(root, f) for f in files if f.split == split]
+def encode_split(
+    tokenizer,
+    root: str,
+    files: list[corpus.SourceFile],
+    split: str | None,
+    batch: int = 256,
+    label: str | None = None,
+) -> np.ndarray:
+    """The files of `split` (None: all of them), each after an <|endoftext|>, encoded `batch`
+    files at a time (a large corpus's ids as Python lists at once would not fit in memory),
+    with a progress bar."""
+    from tqdm import tqdm
+
+    picked = [f for f in files if split is None or f.split == split]
     eos = tokenizer.convert_tokens_to_ids(EOS)
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
-    out = []
-    for seq in ids:
-        out.append(eos)
-        out.extend(seq)
     dtype = np.uint16 if len(tokenizer) < 65_536 else np.int32
-    return np.asarray(out, dtype=dtype)
+    chunks = []
+    for i in tqdm(range(0, len(picked), batch), desc=f"tokenising {label or split or 'files'}",
+                  unit="batch", leave=False, disable=len(picked) <= batch):  # fmt: skip
+        texts = [corpus.read(root, f) for f in picked[i : i + batch]]
+        for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+            chunks.append(np.asarray([eos, *ids], dtype=dtype))
+    return np.concatenate(chunks) if chunks else np.zeros(0, dtype=dtype)
 
 
 def load_or_encode(tokenizer, root: str, files, split: str, cache_dir: str) -> np.ndarray:

@@ -95,19 +95,26 @@ def parse_schedule(text: str, max_context: int) -> tuple:
 
 
 def _llama_config(args, tokenizer):
-    from transformers import LlamaConfig
-
     if args.hidden % args.heads or args.heads % args.kv_heads:
         raise LeapDecodeError("--hidden must divide by --heads, and --heads by --kv-heads")
-    eos = tokenizer.eos_token_id
+    shape = (args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate)
+    return llama_config(shape, len(tokenizer), tokenizer.eos_token_id, args.context)
+
+
+def llama_config(shape, vocab: int, eos: int, context: int):
+    """The Llama this project trains: shape (hidden, layers, heads, kv heads, intermediate),
+    tied embeddings, the end-of-text id as bos, eos and pad."""
+    from transformers import LlamaConfig
+
+    hidden, layers, heads, kv_heads, intermediate = shape
     return LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        max_position_embeddings=args.context,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=context,
         tie_word_embeddings=True,
         bos_token_id=eos,
         eos_token_id=eos,

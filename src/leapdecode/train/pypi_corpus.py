@@ -316,14 +316,10 @@ def _manifest(out: str, units, records: dict, val_percent: float) -> dict:
 def _tokenise(out: str, tokenizer_path: str, val_percent: float) -> dict:
     """OUT/tokens/{train,validation,heldout}.npy with this tokenizer; returns the counts and
     bytes per token. Each split is written once (delete the file to redo it)."""
-    from tqdm import tqdm
-
+    from .data import encode_split
     from .fit import load_tokenizer
-    from .tokenizer import EOS
 
     tok = load_tokenizer(tokenizer_path)
-    eos = tok.convert_tokens_to_ids(EOS)
-    dtype = np.uint16 if len(tok) < 65_536 else np.int32
     splits = {"train": ("src", "train"), "validation": ("src", "validation"),
               "heldout": ("heldout", None)}  # fmt: skip
     counts = {}
@@ -348,12 +344,7 @@ def _tokenise(out: str, tokenizer_path: str, val_percent: float) -> dict:
                 if json.load(f) != stamp and os.path.isfile(path):
                     os.remove(path)
         if not os.path.isfile(path):
-            chunks, batch = [], 256
-            for i in tqdm(range(0, len(files), batch), desc=f"tokenising {split}", unit="batch"):
-                texts = [corpus.read(root, f) for f in files[i : i + batch]]
-                for ids in tok(texts, add_special_tokens=False)["input_ids"]:
-                    chunks.append(np.asarray([eos, *ids], dtype=dtype))
-            arr = np.concatenate(chunks) if chunks else np.zeros(0, dtype=dtype)
+            arr = encode_split(tok, root, files, None, label=split)
             np.save(path + ".tmp.npy", arr)
             os.replace(path + ".tmp.npy", path)
             with open(stamp_path, "w") as f:
