@@ -9,12 +9,12 @@ import leapdecode
 SRC = os.path.dirname(leapdecode.__file__)
 # from the bottom up: a module may import its own layer's (without a circle) and those below
 LAYERS = (
-    {"errors", "config", "paths", "threads", "metrics", "sampling", "tree", "verify",
-     "sequence", "code_edits", "cli_args", "proposers.registry"},  # the core
-    {"models", "speculators_export"},
+    {"errors", "cache", "memory", "config", "paths", "threads", "metrics", "sampling", "tree",
+     "verify", "sequence", "code_edits", "cli_args", "proposers.registry"},  # the core
+    {"models", "speculators_export", "resolve", "pull"},
     {"proposers", "integrations"},
     {"engine"},
-    {"api", "frontend"},
+    {"api", "frontend", "chat"},
     {"server", "train"},
     {"bench"},
     {"demo"},
