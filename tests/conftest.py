@@ -1,8 +1,27 @@
 import os
+import shutil
 import sys
+import tempfile
 
-import pytest
-import torch
+# What leapdecode makes on a machine (cache.py: training runs, token caches, the demo's
+# fallback pair, ...) goes to a folder of this session's, never the user's
+# ~/.cache/leapdecode. Set before leapdecode is imported: some modules read it once.
+CACHE = tempfile.mkdtemp(prefix="leapdecode-test-cache-")
+os.environ["LEAPDECODE_CACHE"] = CACHE
+# ... except the compiled graphs (inductor) and the C++ attention kernel (extensions): built
+# afresh each session they cost test_compiled.py 40 s to 2.5 min more (the kernel alone about
+# 45 s), so they persist in a test-only folder (not the user's home), shared by sessions.
+BUILDS = os.environ.get("LEAPDECODE_TEST_BUILD_CACHE") or os.path.join(
+    tempfile.gettempdir(), "leapdecode-test-cache"
+)
+for name in ("inductor", "extensions"):
+    os.makedirs(os.path.join(BUILDS, name), exist_ok=True)
+    os.symlink(os.path.join(BUILDS, name), os.path.join(CACHE, name))
+# torch picks its inductor folder once, at its first compile (compiled.py only sets a default)
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(BUILDS, "inductor")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 import helpers  # noqa: E402
@@ -43,3 +62,7 @@ def decoder(target_dir, draft_dir):
     from leapdecode import LeapDecoder
 
     return LeapDecoder.from_pretrained(target_dir, draft=draft_dir)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(CACHE, ignore_errors=True)  # (the symlinks only: the builds stay)

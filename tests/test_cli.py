@@ -307,3 +307,75 @@ def test_a_kill_unwinds_bench_and_demo_so_their_vllm_engines_are_shut_down(monke
     finally:
         signal.signal(signal.SIGTERM, before)
     assert cleaned == ["bench"]
+
+
+def test_the_parser_and_help_import_no_torch():
+    """`leapdecode --help` and `generate --help` stay quick: the parser is built without
+    torch, numpy or transformers (bench's and train's flags are added when they run)."""
+    code = (
+        "import sys\n"
+        "from leapdecode.cli import build_parser\n"
+        "p = build_parser()\n"
+        "p.format_help()\n"
+        "p.parse_args(['generate', '--method', 'ngram', '--chat', 'x'])\n"
+        "print([m for m in ('torch', 'numpy', 'transformers') if m in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_bench_and_train_keep_every_flag_when_filled(capsys):
+    from leapdecode.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "run", "--quick", "--vllm-leap-k", "3"])
+    assert args.quick and args.vllm_leap_k == "3"
+    args = build_parser().parse_args(["train", "pard", "--draft", "d", "--out", "o", "--k", "4"])
+    assert (args.what, args.k) == ("pard", 4)
+    for argv, flag in ((["bench", "serve", "--help"], "--concurrency"),
+                       (["train", "target", "--help"], "--run-dir")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(argv)
+        assert flag in capsys.readouterr().out
+
+
+def test_demo_and_generate_refuse_a_bad_flag_before_any_model_loads(capsys, monkeypatch):
+    from leapdecode import demo
+    from leapdecode.api import LeapDecoder
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(LeapDecoder, "from_pretrained", no_load)
+    monkeypatch.setattr(demo, "run_demo", no_load)  # (which pulls and loads its models)
+    monkeypatch.setattr("leapdecode.frontend.load_tokenizer", no_load)
+    for argv, says in (
+        (["demo", "--max-new-tokens", "-1"], "--max-new-tokens must be >= 1, got -1"),
+        (["demo", "--repeats", "0"], "--repeats must be >= 1"),
+        (["demo", "--k", "0"], "--k must be in 1..64"),
+        (["demo", "--methods", "magic"], "--methods: unknown magic"),
+        (["demo", "--prompt", ""], "--prompt is empty"),
+        (["demo", "--threads", "0"], "--threads must be >= 1"),
+        (["generate", "--max-new-tokens", "0", "x"], "--max-new-tokens must be >= 1"),
+        (["generate", "--method", "ngram", "--k", "99", "x"], "k must be an integer in 0..64"),
+        (["generate", "--temperature", "-1", "x"], "temperature"),
+        (["generate", "--stop", "", "x"], "--stop must be a non-empty string"),
+        (["generate", "--chat", "--max-new-tokens", "0", "x"], "--max-new-tokens"),
+    ):
+        code = main(argv)
+        out, err = capsys.readouterr()
+        assert code == 2, f"{argv}: {err}"
+        assert says in err and err.count("\n") == 1 and out == "", f"{argv}: {err}"
+
+
+def test_the_suite_keeps_out_of_the_users_cache():
+    """conftest.py points $LEAPDECODE_CACHE (and the compiled graphs and kernel) away from the
+    user's ~/.cache/leapdecode."""
+    from leapdecode.cache import cache_root
+    from leapdecode.models import attention_cpu, compiled
+
+    home = os.path.realpath(os.path.join(os.path.expanduser("~"), ".cache", "leapdecode"))
+    paths = (cache_root(), attention_cpu.BUILD_DIR, compiled.CACHE_DIR,
+             os.environ["TORCHINDUCTOR_CACHE_DIR"])  # fmt: skip
+    for path in paths:
+        assert not os.path.realpath(path).startswith(home), path

@@ -216,7 +216,7 @@ BAD = [
     (json.dumps({"prompt": "word " * 400}).encode(), 400, "prompt"),
     (json.dumps({"prompt": [10**7]}).encode(), 400, "prompt"),
     (json.dumps({"prompt": "x", "model": "gpt-9"}).encode(), 404, "model"),
-    (json.dumps({"prompt": "x" * (2 << 20)}).encode(), 400, None),
+    (json.dumps({"prompt": "x" * (2 << 20)}).encode(), 413, None),
 ]  # fmt: skip
 
 
@@ -230,6 +230,26 @@ def test_bad_input_is_a_clear_4xx_and_the_server_keeps_serving(server, client, b
     if param is not None:
         assert param in (err["param"] or ""), err
     assert "max_new_tokens" not in err["message"]  # fields named as the request names them
+    ok = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0)
+    assert ok.choices[0].text is not None
+
+
+def test_a_body_over_the_limit_is_a_413_that_says_the_limit(server, client):
+    """A 25 MB body (read away, so the client sees the answer), and one sent without its
+    length (chunked): 413 with the OpenAI error body, naming the limit and what to do."""
+
+    def chunks():
+        for _ in range(3):
+            yield b"x" * (1 << 20)
+
+    for content in (b'{"prompt": "' + b"x" * (25 << 20) + b'"}', chunks()):
+        r = httpx.post(server.url + "/v1/completions", content=content,
+                       headers={"content-type": "application/json"}, timeout=60)  # fmt: skip
+        assert r.status_code == 413, r.text
+        err = r.json()["error"]
+        assert err["code"] == "request_too_large" and err["type"] == "invalid_request_error"
+        assert "limit of 1048576 bytes (1 MiB)" in err["message"]
+        assert "shorter prompt" in err["message"]
     ok = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0)
     assert ok.choices[0].text is not None
 

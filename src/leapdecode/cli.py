@@ -27,6 +27,32 @@ from .paths import DEFAULT_MODELS, resolve_models  # noqa: F401 - DEFAULT_MODELS
 
 
 class _Parser(argparse.ArgumentParser):
+    """fill: a function that adds this parser's arguments the first time it is used (to
+    parse, or for its help or usage). `bench` and `train` are filled so, only when they are
+    the command: their subcommands' modules import torch, which `leapdecode --help` and the
+    other commands' parsers need not wait for."""
+
+    def __init__(self, *args, fill=None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._fill = fill
+
+    def _filled(self) -> None:
+        fill, self._fill = self._fill, None
+        if fill is not None:
+            fill(self)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._filled()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        self._filled()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self._filled()
+        return super().format_help()
+
     def error(self, message: str) -> None:  # one line, not usage + message
         self.exit(2, f"leapdecode: error: {message} (see `{self.prog} --help`)\n")
 
@@ -49,6 +75,7 @@ FLAG_NAMES = {
     "max_num_seqs": "--max-num-seqs",
     "auto_methods": "--auto-methods",
     "verify": "--verify",
+    "num_speculative_tokens": "--k",
 }
 
 
@@ -77,6 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_draftless_args(gen)
     gen.add_argument("--json", action="store_true", help="one JSON object per prompt per line")
     gen.add_argument("--prompts-file", help='JSONL file, one {"prompt": ...} per line')
+    gen.add_argument(
+        "--chat",
+        action="store_true",
+        help="an instruct model's chat: the prompt (each --prompts-file line) is the user's "
+        "message, put through the tokenizer's chat template; generation stops at the end of "
+        "the assistant's turn, and the reply alone is printed",
+    )
+    gen.add_argument(
+        "--system",
+        default=None,
+        metavar="TEXT",
+        help="--chat: a system message before the user's (default: the template's own, if any)",
+    )
     gen.add_argument("prompt", nargs="?", help="the prompt text, or - to read stdin")
 
     exp = sub.add_parser("export", help="write an EAGLE head in the layout vLLM loads")
@@ -129,12 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the vLLM environment's interpreter (default: $LEAPDECODE_VLLM_PYTHON or .venv-vllm)",
     )
 
-    from .bench.command import add_parsers as add_bench
+    from .bench import command as bench
     from .server.command import add_parser as add_serve
-    from .train.commands import add_parsers
+    from .train import commands as train
 
-    add_parsers(sub)
-    add_bench(sub, add_model_args)
+    sub.add_parser("train", help=train.HELP, fill=train.fill_parser)
+    sub.add_parser("bench", help=bench.HELP, fill=lambda p: bench.fill_parser(p, add_model_args))
     add_serve(sub, add_model_args)
     return parser
 
@@ -208,11 +248,55 @@ def _resolve_models(args) -> tuple[str, str | None]:
     return target, draft
 
 
+def _check_model_flags(args) -> None:
+    """The model flags that need no model to check (generate, demo)."""
+    if args.threads is not None and args.threads < 1:
+        raise LeapDecodeError(f"--threads must be >= 1, got {args.threads}")
+
+
+def _check_generate_flags(args) -> None:
+    """generate's flags, checked as the engine checks them, before any model loads."""
+    from .config import SamplingParams
+
+    _check_model_flags(args)
+    if args.max_new_tokens < 1:
+        raise LeapDecodeError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if any(not s for s in args.stop or ()):
+        raise LeapDecodeError("--stop must be a non-empty string")
+    if args.system is not None and not args.chat:
+        raise LeapDecodeError("--system is a chat's system message: add --chat")
+    SpecConfig(
+        method=args.method,
+        num_speculative_tokens=args.k,
+        prompt_lookup_min=args.ngram_min,
+        prompt_lookup_max=args.ngram_max,
+        draft_min_prob=args.draft_min_prob,
+        **spec_options(args),
+    )
+    SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+
+
+def _chat_prompts(args, target: str, prompts: list[str]) -> tuple[list[list[int]], list[int]]:
+    """--chat: each prompt as the user's message through the target tokenizer's chat template
+    (token ids), and the ids that end the assistant's turn."""
+    from . import chat
+    from .frontend import load_tokenizer
+    from .models.loader import check_model_dir
+
+    tok = load_tokenizer(check_model_dir(target, "target"))
+    name = os.path.basename(os.path.abspath(target))
+    hint = "drop --chat and give the text to continue as the prompt"
+    ids = [chat.chat_ids(tok, chat.conversation(p, args.system), name, hint=hint) for p in prompts]
+    return ids, chat.end_of_turn_ids(tok)
+
+
 def cmd_generate(args) -> int:
     from .api import LeapDecoder
 
     prompts = read_prompts(args)
+    _check_generate_flags(args)
     target, draft = _resolve_models(args)
+    inputs, stop_ids = _chat_prompts(args, target, prompts) if args.chat else (prompts, None)
     options = load_options(args) | {"draft_vocab": args.draft_vocab if draft else None}
     decoder = LeapDecoder.from_pretrained(target, draft=draft, **options)
     options = dict(
@@ -227,9 +311,10 @@ def cmd_generate(args) -> int:
         ngram_min=args.ngram_min,
         ngram_max=args.ngram_max,
         draft_min_prob=args.draft_min_prob,
+        stop_token_ids=stop_ids,
         **spec_options(args),
     )
-    for prompt in prompts:  # every prompt and option checked before any work
+    for prompt in inputs:  # every prompt and option checked before any work
         decoder.request(prompt, **options)
     if args.method == "auto":  # its cost model is profiled once, before the first step
         print(
@@ -243,14 +328,14 @@ def cmd_generate(args) -> int:
         "lookahead": f"W{args.lookahead_window} N{args.lookahead_ngram_size} "
         f"G{args.lookahead_max_candidates}",
     }.get(args.method, f"k={args.k}")
-    for i, prompt in enumerate(prompts):
-        result = decoder.generate(prompt, **options)
+    for i, (prompt, given) in enumerate(zip(prompts, inputs, strict=True)):
+        result = decoder.generate(given, **options)
         if args.json:
             print(json.dumps(result.as_dict()), flush=True)
         else:
             if i:  # several prompts (--prompts-file): a rule between their texts on stdout
                 print("-" * 40, flush=True)
-            print(prompt + result.text, flush=True)
+            print(result.text if args.chat else prompt + result.text, flush=True)
             s = result.stats
             print(
                 f"[{args.method} {setting}] {s.new_tokens} tokens, {s.as_dict()['tokens_per_s']:.1f} tok/s, "
@@ -291,12 +376,19 @@ def cmd_bench(args) -> int:
 
 def cmd_demo(args) -> int:
     from .config import MAX_K
-    from .demo import run_demo
+    from .demo import parse_methods, run_demo
 
+    # every flag checked before the models load (or the fallback pair is built)
+    _check_model_flags(args)
     if args.repeats < 1:
-        raise LeapDecodeError("--repeats must be >= 1")
+        raise LeapDecodeError(f"--repeats must be >= 1, got {args.repeats}")
     if args.k is not None and not 1 <= args.k <= MAX_K:
         raise LeapDecodeError(f"--k must be in 1..{MAX_K} (or leave it out: each method's best)")
+    if args.max_new_tokens < 1:
+        raise LeapDecodeError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.prompt is not None and not args.prompt.strip():
+        raise LeapDecodeError("--prompt is empty: give some text, or leave it out for the demo's")
+    parse_methods(args.methods)
     return run_demo(args)
 
 
@@ -327,7 +419,7 @@ def _terminated(signum, frame):
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="leapdecode: %(message)s")
     try:
-        parser = build_parser()  # imports transformers: a second or two
+        parser = build_parser()
     except KeyboardInterrupt:  # Ctrl-C meanwhile: no traceback
         return 130
     args = parser.parse_args(argv)

@@ -7,8 +7,6 @@ import os
 import platform
 import time
 
-import torch
-
 from ..cli_args import add_verify_arg
 from ..config import MAX_K, SamplingParams, SpecConfig
 from ..errors import LeapDecodeError
@@ -57,8 +55,17 @@ def _wngs(text: str) -> list[tuple[int, int, int]]:
     return out
 
 
+HELP = "Spec-Bench-style benchmark against transformers"
+
+
 def add_parsers(sub, model_args) -> None:
-    p = sub.add_parser("bench", help="Spec-Bench-style benchmark against transformers")
+    """`bench` and its subcommands on `sub` (the CLI's subparsers)."""
+    fill_parser(sub.add_parser("bench", help=HELP), model_args)
+
+
+def fill_parser(p, model_args) -> None:
+    """`bench`'s subcommands and their flags on its parser `p` (the CLI fills it only when
+    `bench` is the command: some subcommands' modules import torch)."""
     what = p.add_subparsers(dest="what", required=True, parser_class=type(p))
 
     pr = what.add_parser("prompts", help="(re)build the prompt sets from the validation split")
@@ -223,6 +230,7 @@ def cmd_prompts(args) -> int:
 
 
 def cmd_run(args) -> int:
+    import torch
     import transformers
 
     from ..api import LeapDecoder
@@ -419,6 +427,8 @@ def cmd_run(args) -> int:
 
 def _vllm_peers(args, python, target, draft, dec, methods):
     """Load one vLLM engine per vLLM method (and export our EAGLE head for its eagle3)."""
+    import torch
+
     from .vllm_peer import BENCH_WARM_UP, VllmPeers, dtype_name, peer_configs
 
     dtype = dtype_name(dec.target.dtype)
@@ -440,6 +450,8 @@ def _vllm_peers(args, python, target, draft, dec, methods):
 def _signature(args, target, draft, dec, sets, methods, repeats, cap) -> dict:
     """What an interrupted run must share with this one for its records to be reused."""
     import hashlib
+
+    import torch
 
     from ..models.heads import beside
 
@@ -479,6 +491,8 @@ def _signature(args, target, draft, dec, sets, methods, repeats, cap) -> dict:
 
 
 def _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed) -> dict:
+    import torch
+
     c = costs
     cost_line = (
         f"Costs at {c['context']} cached tokens (median of 30 interleaved forwards): target decode "

@@ -39,6 +39,8 @@ import warnings
 
 import torch
 
+from ..cache import cache_dir
+
 _SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -400,7 +402,7 @@ TORCH_LIBRARY_IMPL(leapdecode, CPU, m) {
 }
 """
 
-BUILD_DIR = os.path.join(os.path.expanduser("~"), ".cache", "leapdecode", "extensions")
+BUILD_DIR = cache_dir("extensions")
 _state: dict = {}
 
 

@@ -4,8 +4,9 @@
 Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
 GET /metrics. Streaming is Server-Sent Events ending with `data: [DONE]`. A request may
 override the server's speculation with `"speculation": {"method": ..., "num_speculative_tokens":
-...}`. Bad input is a 400 (404 for an unknown model) with an OpenAI-style error body, a full
-queue a 429 with Retry-After; a client that goes away aborts its request and frees its slot.
+...}`. Bad input is a 400 (404 for an unknown model) with an OpenAI-style error body, a body
+over MAX_BODY a 413, a full queue a 429 with Retry-After; a client that goes away aborts its
+request and frees its slot.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .. import chat
 from ..config import SpecConfig
 from ..errors import LeapDecodeError
 from ..frontend import Frontend, TextStream
@@ -31,6 +33,18 @@ from .protocol import APIError, GenerationRequest
 from .worker import EngineClient, EngineGone, QueueFull
 
 MAX_BODY = 1 << 20  # bytes
+
+
+def _too_large() -> APIError:
+    """413: a body over MAX_BODY (prompts of even the longest contexts are far smaller)."""
+    return APIError(
+        413,
+        f"the request body is larger than this server's limit of {MAX_BODY} bytes "
+        f"({MAX_BODY >> 20} MiB): send a shorter prompt or fewer messages, or split the "
+        "work into several requests",
+        None,
+        "request_too_large",
+    )
 
 
 # LeapDecodeError.field -> the request parameter it came from (the rest of SpecConfig's
@@ -113,11 +127,7 @@ class _Guard:
                 while more:
                     message = await receive()
                     more = message["type"] == "http.request" and message.get("more_body", False)
-            response = _error(
-                protocol.bad(
-                    f"the request body is larger than {MAX_BODY} bytes", None, "request_too_large"
-                )
-            )
+            response = _error(_too_large())
             await response(scope, receive, send)
             return
         if (
@@ -228,6 +238,7 @@ class Routes:
         self.engine, self.frontend, self.spec = engine, frontend, spec
         self.model_name = model_name
         self.created = int(time.time())
+        self.end_of_turn: list[int] | None = None  # a chat's stop ids (chat.end_of_turn_ids)
 
     def models(self) -> dict:
         return {
@@ -261,10 +272,8 @@ class Routes:
 
     async def body(self, request: Request) -> dict:
         raw = await request.body()
-        if len(raw) > MAX_BODY:
-            raise protocol.bad(
-                f"the request body is larger than {MAX_BODY} bytes", None, "request_too_large"
-            )
+        if len(raw) > MAX_BODY:  # a body sent without its length (chunked)
+            raise _too_large()
         body = protocol.parse_json(raw)
         model = body.get("model")
         if model is not None and model != self.model_name:
@@ -278,7 +287,25 @@ class Routes:
             )
         return body
 
-    def sequence(self, req: GenerationRequest, prompt):
+    def chat_prompt(self, messages: list[dict], req: GenerationRequest) -> list[int]:
+        """The chat's prompt as token ids (its template applied, chat.py); the request then
+        stops at the template's end-of-turn tokens as well as the model's EOS."""
+        tok = self.frontend.tokenizer
+        try:
+            ids = chat.chat_ids(
+                tok, messages, self.model_name, hint="use POST /v1/completions with a prompt"
+            )
+        except chat.NoChatTemplate as e:
+            raise protocol.bad(str(e), "messages", "no_chat_template") from None
+        except LeapDecodeError as e:
+            raise protocol.bad(str(e), "messages") from None
+        if self.end_of_turn is None:
+            self.end_of_turn = chat.end_of_turn_ids(tok)
+        req.stop_token_ids = self.end_of_turn
+        return ids
+
+    def sequence(self, req: GenerationRequest, prompt, prompt_param: str = "prompt"):
+        """prompt_param: what the request calls its prompt ("messages" for a chat)."""
         try:
             seq_spec = self.spec.with_overrides(req.method, req.k, req.k_table)
             if req.spec_fields:
@@ -286,10 +313,11 @@ class Routes:
             return self.frontend.request(prompt, spec=seq_spec, **req.options())
         except LeapDecodeError as e:  # named as the request names it
             message = str(e).replace("max_new_tokens", "max_tokens")
-            raise protocol.bad(message, _param_of(e)) from None
+            param = _param_of(e)
+            raise protocol.bad(message, prompt_param if param == "prompt" else param) from None
 
     async def run(self, request: Request, req: GenerationRequest, prompt, kind: str):
-        seq = self.sequence(req, prompt)
+        seq = self.sequence(req, prompt, "prompt" if kind == "text_completion" else "messages")
         try:
             events = self.engine.submit(seq)
         except QueueFull:
@@ -391,22 +419,7 @@ class Routes:
             body = await self.body(request)
             if chat:
                 messages, req = protocol.parse_chat(body)
-                tok = self.frontend.tokenizer
-                if tok is None or not getattr(tok, "chat_template", None):
-                    raise protocol.bad(
-                        f"the model {self.model_name!r} has no chat template (it is a code completion "
-                        "model): use POST /v1/completions with a prompt",
-                        "messages",
-                        "no_chat_template",
-                    )
-                try:
-                    prompt = tok.apply_chat_template(
-                        messages, tokenize=False, add_generation_prompt=True
-                    )
-                except Exception as e:  # noqa: BLE001 - a template that rejects the messages
-                    raise protocol.bad(
-                        f"the chat template rejected the messages: {e}", "messages"
-                    ) from None
+                prompt = self.chat_prompt(messages, req)
                 return await self.run(request, req, prompt, "chat.completion")
             req = protocol.parse_completion(body)
             return await self.run(request, req, req.prompt, "text_completion")

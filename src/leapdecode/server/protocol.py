@@ -95,6 +95,7 @@ class GenerationRequest:
     k_table: tuple | None = None  # per-request batch-size -> k table
     include_usage: bool = True
     spec_fields: dict | None = None  # other SpecConfig fields (use_tree_spec, lookahead_*, ..)
+    stop_token_ids: list[int] | None = None  # besides EOS (a chat's end-of-turn tokens)
 
     def options(self) -> dict:
         return {
@@ -104,6 +105,7 @@ class GenerationRequest:
             "top_k": self.top_k,
             "seed": self.seed,
             "stop": self.stop or None,
+            "stop_token_ids": self.stop_token_ids,
         }
 
 

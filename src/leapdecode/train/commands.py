@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-import torch
-
+from ..cache import cache_dir
 from ..errors import LeapDecodeError
-from .data import load_or_encode
-from .fit import RUNS, corpus_files, extensions, fit, load_tokenizer
+
+# The parsers are built without torch, numpy or transformers (`leapdecode --help` stays
+# quick): each command imports what it runs.
+
+
+HELP = "train a tokenizer, a target LM or a distilled draft"
 
 
 def add_parsers(sub) -> None:
-    p = sub.add_parser("train", help="train a tokenizer, a target LM or a distilled draft")
+    """`train` and its subcommands on `sub` (the CLI's subparsers)."""
+    fill_parser(sub.add_parser("train", help=HELP))
+
+
+def fill_parser(p) -> None:
+    """`train`'s subcommands and their flags on its parser `p` (the CLI fills it only when
+    `train` is the command: the subcommands' modules import numpy and torch)."""
     what = p.add_subparsers(dest="what", required=True, parser_class=type(p))
 
     co = what.add_parser(
@@ -149,7 +157,12 @@ def _data_args(p) -> None:
 
 def _model_args(p, hidden, layers, heads, kv_heads, intermediate) -> None:
     p.add_argument("--out", required=True, help="output folder (Hugging Face format)")
-    p.add_argument("--run-dir", default=None, help=f"checkpoints and caches (default {RUNS}/NAME)")
+    p.add_argument(
+        "--run-dir",
+        default=None,
+        help="checkpoints and caches (default ~/.cache/leapdecode/runs/NAME, or under "
+        "$LEAPDECODE_CACHE)",
+    )
     p.add_argument("--hidden", type=int, default=hidden)
     p.add_argument("--layers", type=int, default=layers)
     p.add_argument("--heads", type=int, default=heads)
@@ -230,6 +243,7 @@ def cmd_corpus(args) -> int:
 
 
 def cmd_tokenizer(args) -> int:
+    from .fit import extensions
     from .tokenizer import train_tokenizer
 
     if not 256 < args.vocab_size <= 65_536:
@@ -249,11 +263,16 @@ def cmd_tokenizer(args) -> int:
 
 
 def cmd_target(args) -> int:
+    from .fit import fit, load_tokenizer
+
     return fit(args, load_tokenizer(args.tokenizer), "target")
 
 
 def cmd_draft(args) -> int:
+    import torch
     from transformers import AutoModelForCausalLM
+
+    from .fit import fit, load_tokenizer
 
     tokenizer = load_tokenizer(args.target)
     teacher = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
@@ -263,11 +282,13 @@ def cmd_draft(args) -> int:
 
 
 def cmd_selfgen(args) -> int:
+    from .data import load_or_encode
+    from .fit import corpus_files, load_tokenizer
     from .selfgen import generate_stream
 
     tokenizer = load_tokenizer(args.target)
     root, files = corpus_files(args)
-    run_dir = os.path.join(RUNS, os.path.basename(os.path.abspath(args.target)))
+    run_dir = cache_dir("runs", os.path.basename(os.path.abspath(args.target)))
     corpus_tokens = load_or_encode(tokenizer, root, files, "train", run_dir)
     stream = generate_stream(
         args.target,
@@ -285,7 +306,10 @@ def cmd_selfgen(args) -> int:
 
 
 def cmd_edits(args) -> int:
+    import numpy as np
+
     from .edits import build_stream
+    from .fit import corpus_files, load_tokenizer
 
     if args.docs < 1 or not 0 <= args.plain_share < 1:
         raise LeapDecodeError("--docs must be >= 1 and --plain-share in [0, 1)")

@@ -11,6 +11,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
+from ..cache import cache_dir
 from ..errors import LeapDecodeError
 from ..models.loader import cpu_has_fast_bf16
 from . import corpus
@@ -18,7 +19,6 @@ from .data import load_or_encode
 from .loop import TrainConfig, train
 
 DRAFT_VOCAB = 2048  # tokens a draft proposes by default (the most frequent in its data)
-RUNS = os.path.join(os.path.expanduser("~"), ".cache", "leapdecode", "runs")
 
 
 def extensions(args) -> tuple[str, ...]:
@@ -223,7 +223,7 @@ def fit(args, tokenizer, kind: str, teacher=None, save_partial: bool = False) ->
 
     cfg = _train_config(args)
     root, files = corpus_files(args)
-    run_dir = args.run_dir or os.path.join(RUNS, os.path.basename(os.path.abspath(args.out)))
+    run_dir = args.run_dir or cache_dir("runs", os.path.basename(os.path.abspath(args.out)))
     train_tokens = load_or_encode(tokenizer, root, files, "train", run_dir)
     val_tokens = load_or_encode(tokenizer, root, files, "validation", run_dir)
     if getattr(args, "tokens", None):

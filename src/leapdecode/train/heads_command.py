@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from ..cache import cache_dir
 from ..errors import LeapDecodeError
 
 EVAL_KS = {"medusa": (4, 8, 16), "eagle": (4, 8, 16), "peagle": (2, 4, 8)}
@@ -38,7 +39,9 @@ def add_parsers(what, data_args) -> None:
         p.add_argument("--target", required=True, help="trained target folder (frozen teacher)")
         p.add_argument("--out", required=True, help=f"output folder (e.g. <target>-{kind})")
         p.add_argument(
-            "--run-dir", default=None, help="checkpoints (default ~/.cache/leapdecode/runs/NAME)"
+            "--run-dir",
+            default=None,
+            help="checkpoints (default ~/.cache/leapdecode/runs/NAME, or under $LEAPDECODE_CACHE)",
         )
         p.add_argument("--tokens", default=None, help="train on this token stream (.npy)")
         p.add_argument("--steps", type=int, default=1500)
@@ -162,13 +165,7 @@ def cmd_heads(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     kind = args.what
-    run_dir = args.run_dir or os.path.join(
-        os.path.expanduser("~"),
-        ".cache",
-        "leapdecode",
-        "runs",
-        os.path.basename(os.path.abspath(args.out)),
-    )
+    run_dir = args.run_dir or cache_dir("runs", os.path.basename(os.path.abspath(args.out)))
     from .teacher import fingerprint
 
     teacher = Teacher(args.target)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..cache import cache_dir
 from ..errors import LeapDecodeError
 from ..proposers.draft_model import VOCAB_FILE, read_vocab_ranking
 
@@ -37,7 +38,9 @@ def add_parser(what, data_args) -> None:
     p.add_argument("--draft", required=True, help="the draft model folder to start from")
     p.add_argument("--out", required=True, help="output folder (Hugging Face format)")
     p.add_argument(
-        "--run-dir", default=None, help="checkpoints (default ~/.cache/leapdecode/runs/NAME)"
+        "--run-dir",
+        default=None,
+        help="checkpoints (default ~/.cache/leapdecode/runs/NAME, or under $LEAPDECODE_CACHE)",
     )
     p.add_argument("--tokens", default=None, help="train on this token stream (.npy)")
     p.add_argument("--k", type=int, default=8, help="draft tokens a forward it learns (default 8)")
@@ -114,8 +117,7 @@ def cmd_pard(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     name = os.path.basename(os.path.abspath(args.out))
-    run_dir = args.run_dir or os.path.join(os.path.expanduser("~"), ".cache", "leapdecode",
-                                           "runs", name)  # fmt: skip
+    run_dir = args.run_dir or cache_dir("runs", name)
     model = AutoModelForCausalLM.from_pretrained(args.draft, dtype=torch.float32)
     mask = pick_mask(args.draft, model.config.vocab_size, args.mask_token)
     train, val = token_streams(args, args.draft, run_dir)
