@@ -186,3 +186,41 @@ def planned_methods(scheduler):
         yield used
     finally:
         scheduler.plan = plan
+
+
+def exact_pairs(hf_target, prompt, sampling: dict) -> dict:
+    """The exact joint distribution of the first two tokens under `sampling`."""
+    from leapdecode.sampling import SamplingParams, process_logits
+
+    params = SamplingParams(**sampling)
+    with torch.no_grad():
+        p1 = process_logits(hf_target(torch.tensor([prompt])).logits[0, -1], params)
+        joint = {}
+        for t1 in torch.nonzero(p1)[:, 0].tolist():
+            p2 = process_logits(hf_target(torch.tensor([prompt + [t1]])).logits[0, -1], params)
+            for t2 in torch.nonzero(p2)[:, 0].tolist():
+                joint[(t1, t2)] = float(p1[t1] * p2[t2])
+    return joint
+
+
+def gof_pvalue(pairs, exact) -> float:
+    outside = [p for p in pairs if p not in exact]
+    assert not outside, f"sampled an impossible pair {outside[0]}"
+    keys = sorted(exact, key=exact.get, reverse=True)
+    observed = [sum(1 for p in pairs if p == key) for key in keys]
+    expected = [exact[key] * len(pairs) for key in keys]
+    # Pool the rare outcomes so every cell expects at least 5 draws.
+    obs, exp, pool_o, pool_e = [], [], 0, 0.0
+    for o, e in zip(observed, expected, strict=True):
+        if e >= 5:
+            obs.append(o)
+            exp.append(e)
+        else:
+            pool_o, pool_e = pool_o + o, pool_e + e
+    if pool_e > 0:
+        obs.append(pool_o)
+        exp.append(pool_e)
+    scale = sum(obs) / sum(exp)
+    from scipy.stats import chisquare
+
+    return chisquare(obs, [e * scale for e in exp]).pvalue

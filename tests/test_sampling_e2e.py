@@ -15,9 +15,9 @@ import os
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 import helpers
+from helpers import exact_pairs, gof_pvalue
 from leapdecode import LeapDecoder
 from leapdecode.sampling import SamplingParams, process_logits
 
@@ -90,45 +90,11 @@ def exact(hf_target, prompt):
     return exact_pairs(hf_target, prompt, PARAMS)
 
 
-def exact_pairs(hf_target, prompt, sampling: dict) -> dict:
-    """The exact joint distribution of the first two tokens under `sampling`."""
-    params = SamplingParams(**sampling)
-    with torch.no_grad():
-        p1 = process_logits(hf_target(torch.tensor([prompt])).logits[0, -1], params)
-        joint = {}
-        for t1 in torch.nonzero(p1)[:, 0].tolist():
-            p2 = process_logits(hf_target(torch.tensor([prompt + [t1]])).logits[0, -1], params)
-            for t2 in torch.nonzero(p2)[:, 0].tolist():
-                joint[(t1, t2)] = float(p1[t1] * p2[t2])
-    return joint
-
-
 def sample_pairs(decoder, prompt, method, seed, sampling=PARAMS, **kw):
     results = decoder.generate_batch(
         [prompt] * N, method=method, k=3, max_new_tokens=4, seed=seed, **sampling, **kw
     )
     return results, [tuple(r.token_ids[:2]) for r in results]
-
-
-def gof_pvalue(pairs, exact) -> float:
-    outside = [p for p in pairs if p not in exact]
-    assert not outside, f"sampled an impossible pair {outside[0]}"
-    keys = sorted(exact, key=exact.get, reverse=True)
-    observed = [sum(1 for p in pairs if p == key) for key in keys]
-    expected = [exact[key] * len(pairs) for key in keys]
-    # Pool the rare outcomes so every cell expects at least 5 draws.
-    obs, exp, pool_o, pool_e = [], [], 0, 0.0
-    for o, e in zip(observed, expected, strict=True):
-        if e >= 5:
-            obs.append(o)
-            exp.append(e)
-        else:
-            pool_o, pool_e = pool_o + o, pool_e + e
-    if pool_e > 0:
-        obs.append(pool_o)
-        exp.append(pool_e)
-    scale = sum(obs) / sum(exp)
-    return chisquare(obs, [e * scale for e in exp]).pvalue
 
 
 def test_exact_distribution_is_spread(exact):

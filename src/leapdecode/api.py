@@ -17,6 +17,7 @@ from .models.heads import beside, load_found, load_heads
 from .proposers.draft_model import read_vocab_ranking
 from .proposers.pard import mask_token
 from .proposers.suffix import token_strings
+from .resolve import resolve_model
 from .sequence import Sequence
 from .threads import set_threads
 
@@ -63,6 +64,8 @@ class LeapDecoder:
         speculators: dict | None = None,
         pard: CausalLM | None = None,
         pard_vocab_ranking: dict | None = None,
+        max_model_len: int | None = None,
+        kv_cache_memory: int | str | None = None,
     ):
         self.target = target
         self.speculators = dict(speculators or {})  # {"medusa": heads, "eagle": head}
@@ -87,6 +90,8 @@ class LeapDecoder:
             eagle=self.speculators.get("eagle"),
             peagle=self.speculators.get("peagle"),
             pard=pard,
+            max_model_len=max_model_len,
+            kv_cache_memory=kv_cache_memory,
             # each token's characters, for matching the text on them (without a tokenizer:
             # tokens only)
             token_strings=None
@@ -115,6 +120,8 @@ class LeapDecoder:
         speculators: str | list[str] | None = None,
         compile: bool = False,
         pard: str | None = None,
+        max_model_len: int | None = None,
+        kv_cache_memory: int | str | None = None,
     ) -> LeapDecoder:
         """device: cpu | cuda (default: $LEAPDECODE_DEVICE, else cpu: the whole test suite
         runs on a GPU with LEAPDECODE_DEVICE=cuda);
@@ -134,9 +141,23 @@ class LeapDecoder:
         beside the draft with its own cache for `method="pard"` (and auto);
         compile: run the target's decode and verify steps through torch.compile (native
         backend, full attention): compiled before this returns, about a minute a graph the
-        first time and seconds once cached (docs/compiled_step.md has the figures)."""
+        first time and seconds once cached (docs/compiled_step.md has the figures);
+        max_model_len: the longest sequence, prompt and output (vLLM's name; default: the
+        longest whose KV caches, max_num_seqs slots in every model that keeps one, fit
+        kv_cache_memory, a multiple of 256, at most the model's own context);
+        kv_cache_memory: the KV caches' budget, bytes or a size such as "4GiB" or "512MiB"
+        (default: half the memory free once the weights are loaded, 80% of the GPU's free
+        memory on CUDA; leapdecode.memory)."""
         set_threads(threads)
         device = device or os.environ.get("LEAPDECODE_DEVICE") or "cpu"
+        # the edge: a folder, a .gguf file, a catalogue name or a Hub id becomes a folder here
+        target = resolve_model(target, "target")
+        draft = None if draft is None else resolve_model(draft, "draft")
+        pard = None if pard is None else resolve_model(pard, "pard")
+        if speculators is not None and not isinstance(speculators, str):
+            speculators = [resolve_model(s, "speculator") for s in speculators]
+        elif speculators is not None:
+            speculators = resolve_model(speculators, "speculator")
         target_model = load_model(target, backend, device, dtype, what="target")
         tokenizer = load_tokenizer(target)
         draft_model = None
@@ -154,6 +175,8 @@ class LeapDecoder:
                     "token (pard_token or mask_token_id); pass a folder `leapdecode train "
                     "pard` wrote, or pass it as --draft"
                 )
+        if isinstance(max_model_len, int) and max_model_len >= 2:  # the heads fit it, not more
+            target_model.limit_context(max_model_len)
         heads = _speculators(speculators, target, target_model)
         dec = cls(
             target_model,
@@ -168,6 +191,8 @@ class LeapDecoder:
             heads,
             pard_model,
             read_vocab_ranking(pard),
+            max_model_len,
+            kv_cache_memory,
         )
         if compile:
             dec.engine.compile()

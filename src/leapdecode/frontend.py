@@ -120,7 +120,7 @@ class Frontend:
             raise LeapDecodeError("the prompt is empty: give at least one token", field="prompt")
         if len(ids) >= self.max_context:
             raise LeapDecodeError(
-                f"the prompt has {len(ids)} tokens but the model's context is "
+                f"the prompt has {len(ids)} tokens but the context (max_model_len) is "
                 f"{self.max_context}: shorten the prompt",
                 field="prompt",
             )
@@ -168,7 +168,7 @@ class Frontend:
         if max_new_tokens > room:
             raise LeapDecodeError(
                 f"max_new_tokens {max_new_tokens} does not fit: the prompt has {len(ids)} tokens "
-                f"and the model's context is {self.max_context}, so at most {room} new "
+                f"and the context (max_model_len) is {self.max_context}, so at most {room} new "
                 "tokens fit; lower max_new_tokens or shorten the prompt",
                 field="max_new_tokens",
             )

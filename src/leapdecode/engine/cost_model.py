@@ -13,41 +13,102 @@ and kept honest afterwards from every measured step (served forwards do not keep
 profile's level or shape): a correction factor per batch size and a relative one per (B, T)
 cell, and moving averages of each method's proposal cost and of the step's fixed overhead.
 Why each of these, with the measurements: docs/auto_planning.md.
+
+The profile keeps to a time budget (PROFILE_BUDGET_S): it measures the grid's forwards
+cheapest first while the time left covers the next, and prices the rest from them (on a CPU
+a real model's largest forwards alone can take longer than the budget); a cached prefix is
+set as a length over the cache, not computed (a forward costs the same over any keys).
+It is saved under the cache root (`leapdecode.cache.cache_dir("profiles")`), keyed by the
+model folders, dtype, device, threads, CPU, slots and torch version (`profile_key`), and read
+back by later engines: delete the folder to measure again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import os
+import platform
 import time
 
 import numpy as np
 import torch
 
+from ..cache import cache_dir
 from ..models.base import CausalLM
+
+log = logging.getLogger("leapdecode")
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 NEW_TOKENS = (1, 2, 4, 8, 16)
 CONTEXTS = (256, 768)  # cached prefixes profiled (clamped to each model's context)
+CACHED = CONTEXTS[0]  # the draft's profiled prefix (and the target's shorter one)
 SHAPE_RATE = 0.1  # how fast a (B, T) cell of the shape correction follows its steps
+PROFILE_BUDGET_S = 20.0  # the profile's time: fewer points and repeats where steps are slow
+REPEAT_S = 0.1  # a point's repeats stop once they have taken this long
+PROFILE_VERSION = 1  # a saved profile of another version is measured again
 
 
-def _fill(model: CausalLM, batch: int, cached: int) -> None:
-    """Give slots 0..batch-1 a prefix of `cached` tokens."""
+def _prefix(model: CausalLM, batch: int, cached: int) -> None:
+    """Give slots 0..batch-1 a prefix of `cached` tokens: set as their length where the model
+    has a preallocated cache (the keys' values do not change a forward's cost), else run."""
     slots = torch.arange(batch)
+    lens = getattr(getattr(model, "cache", None), "lens", None)
+    if lens is not None and getattr(model.cache, "max_len", 0) >= cached:
+        lens[slots] = cached
+        return
     model.truncate(slots, torch.zeros(batch, dtype=torch.long))
-    model.forward(torch.randint(0, model.vocab_size, (batch, cached)), slots)
+    tokens = torch.randint(0, model.vocab_size, (batch, cached))
+    model.forward(tokens, slots, logits_at=torch.full((batch,), cached - 1))
 
 
-def _time_forward(model: CausalLM, batch: int, new: int, cached: int, reps: int) -> float:
-    """Fastest of `reps` forwards (the least disturbed by anything else on the machine)."""
+def _time_forward(
+    model: CausalLM, batch: int, new: int, cached: int, reps: int, spend: float = float("inf")
+) -> float:
+    """Fastest of `reps` forwards (the least disturbed by anything else on the machine),
+    fewer once they have taken `spend` seconds."""
     slots = torch.arange(batch)
-    best = float("inf")
+    best, spent = float("inf"), 0.0
     for _ in range(reps):
         model.truncate(slots, torch.full((batch,), cached, dtype=torch.long))
         tokens = torch.randint(0, model.vocab_size, (batch, new))
         t0 = time.perf_counter()
         model.forward(tokens, slots)
-        best = min(best, time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        best, spent = min(best, took), spent + took
+        if spent >= spend:
+            break
     return best
+
+
+def grid_contexts(target: CausalLM, draft: CausalLM | None, cached: int) -> tuple[int, list[int]]:
+    """The draft's profiled prefix, and the target's (a short one, and a long one where its
+    context allows)."""
+    for m in (target, draft) if draft is not None else (target,):
+        cached = max(1, min(cached, m.max_context // 2 - max(NEW_TOKENS)))
+    longest = target.max_context - max(NEW_TOKENS) - 1
+    contexts = [cached] + [c for c in CONTEXTS[1:] if cached < min(c, longest)]
+    return cached, sorted({min(c, longest) for c in contexts})
+
+
+def _fill_in(table: np.ndarray, seen: np.ndarray, batches, news) -> np.ndarray:
+    """A context's [batches, news] table with the cells not measured (seen False) priced
+    from the measured ones: the measured cell of most rows below and left of it, plus the
+    cost a row adds (the line from the one-row cell through the measured cell of most
+    rows)."""
+    rows = np.outer(batches, news)  # [B, T]
+    top = np.unravel_index(np.argmax(np.where(seen, rows, -1)), rows.shape)
+    per_row = (table[top] - table[0, 0]) / max(1, rows[top] - 1) if rows[top] > 1 else table[0, 0]
+    out = table.copy()
+    for i in range(len(batches)):
+        for j in range(len(news)):
+            if seen[i, j]:
+                continue
+            under = np.where(seen[: i + 1, : j + 1], rows[: i + 1, : j + 1], -1)
+            near = np.unravel_index(np.argmax(under), under.shape)
+            out[i, j] = table[near] + per_row * (rows[i, j] - rows[near])
+    return out
 
 
 class CostModel:
@@ -80,6 +141,8 @@ class CostModel:
         self.draft_token_s = 0.0  # the draft's prefill cost per token (catching up)
         self.propose: dict[str, float] = {}  # method -> seconds of one proposal (measured)
         self.overhead_s = 0.0  # seconds of a step outside its forwards and proposals
+        self.profile_s = 0.0  # seconds the profile took (0: made up, or read back)
+        self.measured = 0  # forward shapes it measured (the others priced from them)
 
     @classmethod
     def profile(
@@ -87,44 +150,150 @@ class CostModel:
         target: CausalLM,
         draft: CausalLM | None,
         max_batch: int,
-        cached: int = 256,
+        cached: int = CACHED,
         reps: int = 3,
+        budget_s: float = PROFILE_BUDGET_S,
     ) -> CostModel:
-        """Measure on the engine's own (allocated, empty) caches; leaves them empty."""
+        """Measure on the engine's own (allocated, empty) caches; leaves them empty.
+
+        Within budget_s: the draft first, then the target's cells cheapest first (fewest
+        rows; the short prefix before the long at equal rows), each while the time left
+        covers what it should cost (priced from the cells measured so far); a cell is
+        repeated up to `reps` times while its repeats take under REPEAT_S. The cells left
+        are priced from the measured ones (`_fill_in`); a prefix with none measured is
+        left out."""
+        t_start = time.perf_counter()
         batches = sorted({b for b in BATCHES if b <= max_batch} | {max_batch})
-        for m in (target, draft) if draft is not None else (target,):
-            cached = max(1, min(cached, m.max_context // 2 - max(NEW_TOKENS)))
-        # the target also over a long prefix, where its context allows one
-        longest = target.max_context - max(NEW_TOKENS) - 1
-        contexts = [cached] + [c for c in CONTEXTS[1:] if cached < min(c, longest)]
-        contexts = sorted({min(c, longest) for c in contexts})
-        table = np.zeros((len(contexts), len(batches), len(NEW_TOKENS)))
-        for c, length in enumerate(contexts):
-            for i, b in enumerate(batches):
-                _fill(target, b, length)
-                for j, t in enumerate(NEW_TOKENS):
-                    table[c, i, j] = _time_forward(target, b, t, length, reps)
+        cached, contexts = grid_contexts(target, draft, cached)
+        news = list(NEW_TOKENS)
         d = np.zeros(len(batches))
         token_s = 0.0
         if draft is not None:
-            _fill(draft, 1, 1)
-            slot = torch.arange(1)
-            for _ in range(reps):
-                draft.truncate(slot, torch.zeros(1, dtype=torch.long))
-                t0 = time.perf_counter()
-                _fill(draft, 1, cached)
-                token_s = min(token_s or float("inf"), (time.perf_counter() - t0) / cached)
+            token_s = cls._draft_token_s(draft, cached, reps)
             for i, b in enumerate(batches):
-                _fill(draft, b, cached)
-                d[i] = _time_forward(draft, b, 1, cached, reps)
+                _prefix(draft, b, cached)
+                d[i] = _time_forward(draft, b, 1, cached, reps, REPEAT_S)
             draft.truncate(torch.arange(max_batch), torch.zeros(max_batch, dtype=torch.long))
+        # cheapest first: (rows, context) where a prefix is only a length (a preallocated
+        # cache), else (context, rows) so that each context's prefix is computed once
+        cheap = getattr(getattr(target, "cache", None), "lens", None) is not None
+        cells = [(b * t, c, i, j) for c in range(len(contexts))
+                 for i, b in enumerate(batches) for j, t in enumerate(news)]  # fmt: skip
+        cells.sort(key=lambda x: (x[0], x[1]) if cheap else (x[1], x[0]))
+        table = np.zeros((len(contexts), len(batches), len(news)))
+        seen = np.zeros(table.shape, dtype=bool)
+        deadline = t_start + budget_s
+        filled = None
+        _prefix(target, batches[-1], contexts[0])
+        _time_forward(target, 1, 1, contexts[0], 1)  # the first forward pays one-off costs
+        one = most = None  # (rows, seconds) of the one-row cell and the measured of most rows
+        for rows, c, i, j in cells:
+            if one is not None:
+                per_row = (most[1] - one[1]) / (most[0] - 1) if most[0] > 1 else one[1]
+                guess = one[1] + per_row * (rows - 1)
+                guess *= reps if guess * reps < REPEAT_S else 1
+                if time.perf_counter() + guess > deadline:
+                    break
+            if filled != c:
+                _prefix(target, batches[-1], contexts[c])
+                filled = c
+            took = _time_forward(target, batches[i], news[j], contexts[c], reps, REPEAT_S)
+            table[c, i, j], seen[c, i, j] = took, True
+            if one is None:
+                one = (rows, took)
+            if most is None or rows >= most[0]:
+                most = (rows, took)
         target.truncate(torch.arange(max_batch), torch.zeros(max_batch, dtype=torch.long))
+        keep = [c for c in range(len(contexts)) if seen[c, 0, 0]]
+        table = np.stack([_fill_in(table[c], seen[c], batches, news) for c in keep])
+        contexts = [contexts[c] for c in keep]
         # a forward never gets cheaper with more rows or a longer prefix: smooth out noise
         for axis in (2, 1, 0):
             table = np.maximum.accumulate(table, axis=axis)
-        out = cls(batches, NEW_TOKENS, table, np.maximum.accumulate(d), contexts)
+        out = cls(batches, news, table, np.maximum.accumulate(d), contexts)
         out.draft_token_s = token_s
+        out.profile_s = time.perf_counter() - t_start
+        out.measured = int(seen.sum())
+        log.info(
+            "profiled the step costs in %.1f s (%d of %d forward shapes measured)",
+            out.profile_s, out.measured, seen.size,
+        )  # fmt: skip
         return out
+
+    @staticmethod
+    def _draft_token_s(draft: CausalLM, cached: int, reps: int) -> float:
+        """The draft's prefill cost a token (its catch-up): a short prompt where that alone
+        takes REPEAT_S (a slow draft), else the best of `reps` prompts of `cached` tokens."""
+        slot = torch.arange(1)
+        best = float("inf")
+        for n in (min(16, cached), *(cached,) * reps):
+            draft.truncate(slot, torch.zeros(1, dtype=torch.long))
+            tokens = torch.randint(0, draft.vocab_size, (1, n))
+            t0 = time.perf_counter()
+            draft.forward(tokens, slot, logits_at=torch.tensor([n - 1]))
+            took = time.perf_counter() - t0
+            if n < cached and took >= REPEAT_S:
+                return took / n
+            if n == cached:
+                best = min(best, took / n)
+        draft.truncate(slot, torch.zeros(1, dtype=torch.long))
+        return best
+
+    # ------------------------------------------------------------ saved profiles
+    def profile_dict(self) -> dict:
+        """What `profile` measured (not what the steps taught it since)."""
+        return {
+            "batches": self.batches.tolist(),
+            "new_tokens": self.news.tolist(),
+            "contexts": self.contexts.tolist(),
+            "verify_s": self.verify.tolist(),
+            "draft_s": self.draft.tolist(),
+            "draft_token_s": self.draft_token_s,
+        }
+
+    @classmethod
+    def from_profile(cls, d: dict) -> CostModel:
+        out = cls(d["batches"], d["new_tokens"], d["verify_s"], d["draft_s"], d["contexts"])
+        out.draft_token_s = float(d["draft_token_s"])
+        return out
+
+    @classmethod
+    def load(cls, target: CausalLM, draft: CausalLM | None, max_batch: int) -> CostModel | None:
+        """The profile saved for these models on this machine (`profile_key`), or None."""
+        key = profile_key(target, draft, max_batch)
+        if key is None:
+            return None
+        path = _profile_path(key)
+        try:
+            with open(path) as f:
+                saved = json.load(f)
+            if saved.get("key") != key:
+                return None
+            out = cls.from_profile(saved["profile"])
+        except (OSError, ValueError, KeyError, TypeError):  # none, or unreadable: measure
+            return None
+        out.profile_s = 0.0
+        log.info("step costs read from %s", path)
+        return out
+
+    def save(self, target: CausalLM, draft: CausalLM | None, max_batch: int) -> str | None:
+        """Keep this profile for later engines on the same models and machine; returns the
+        file (None: not saved, for models without a folder or where the cache is read-only)."""
+        key = profile_key(target, draft, max_batch)
+        if key is None:
+            return None
+        path = _profile_path(key)
+        body = {"key": key, "profile": self.profile_dict(), "profile_s": self.profile_s}
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(body, f)
+            os.replace(tmp, path)  # whole or not at all, whoever reads it meanwhile
+        except OSError as e:
+            log.warning("could not save the step-cost profile in %s: %s", path, e)
+            return None
+        return path
 
     @staticmethod
     def _weights(grid: np.ndarray, x: float) -> list[tuple[int, float]]:
@@ -296,3 +465,79 @@ class CostModel:
             "propose_s": dict(self.propose),
             "overhead_s": self.overhead_s,
         }
+
+
+# ---------------------------------------------------------------- profile keys
+def _folder(path: str | None) -> dict | None:
+    """A model folder's identity: its config's digest and its weight files' names, sizes and
+    modification times (None: no folder)."""
+    if not path or not os.path.isdir(path):
+        return None
+    try:
+        with open(os.path.join(path, "config.json"), "rb") as f:
+            config = hashlib.sha256(f.read()).hexdigest()
+        weights = []
+        for name in sorted(os.listdir(path)):
+            if name.endswith((".safetensors", ".bin", ".pt", ".gguf")):
+                st = os.stat(os.path.join(path, name))
+                weights.append([name, st.st_size, st.st_mtime_ns])
+    except OSError:
+        return None
+    return {"config": config, "weights": weights}
+
+
+def _model(model: CausalLM) -> dict | None:
+    folder = _folder(getattr(model, "path", None))
+    if folder is None:
+        return None
+    compiled = getattr(model, "compiled", None)
+    head = getattr(model, "head_ids", None)
+    return {
+        **folder,
+        "backend": model.name,
+        "dtype": str(model.dtype),
+        "device": str(model.device),
+        "head": None if head is None else int(len(head)),
+        "compiled": None
+        if compiled is None
+        else [type(compiled).__name__, bool(getattr(compiled, "kernel", False))],
+    }
+
+
+def _processor(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def profile_key(target: CausalLM, draft: CausalLM | None, max_batch: int) -> dict | None:
+    """What a saved profile is valid for (None: a model without a folder, never saved)."""
+    t = _model(target)
+    d = None if draft is None else _model(draft)
+    if t is None or (draft is not None and d is None):
+        return None
+    key = {
+        "version": PROFILE_VERSION,
+        "target": t,
+        "draft": d,
+        "max_num_seqs": int(max_batch),
+        "contexts": grid_contexts(target, draft, CACHED),  # what the profile measures
+        "grid": [BATCHES, NEW_TOKENS, CONTEXTS],
+        "threads": torch.get_num_threads(),
+        "processor": _processor(target.device),
+        "torch": torch.__version__,
+        "budget_s": PROFILE_BUDGET_S,
+    }
+    return json.loads(json.dumps(key))  # as it reads back (lists, not tuples)
+
+
+def _profile_path(key: dict) -> str:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    return os.path.join(cache_dir("profiles"), f"{digest}.json")

@@ -19,11 +19,13 @@ which is fed at the next step together with that step's drafts:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 
 import torch
 
+from .. import memory
 from ..config import MAX_K
 from ..errors import LeapDecodeError
 from ..models.base import CausalLM, HiddenRequest
@@ -34,6 +36,8 @@ from ..tree import ancestor_mask, depths
 from ..verify import accept_batch
 from .cost_model import CostModel
 from .planner import Planner
+
+log = logging.getLogger("leapdecode")
 
 PREFILL_PADDING = 0.25  # a prefill forward's padding may be at most this share of its real tokens
 PREFILL_PAD_ROWS = 64  # ... or this many rows (cheaper than another forward's fixed cost)
@@ -80,16 +84,28 @@ class Engine:
         token_strings: list[str] | None = None,
         peagle=None,
         pard: CausalLM | None = None,
+        max_model_len: int | None = None,
+        kv_cache_memory: int | str | None = None,
     ) -> None:
         """target, draft: the models (pard: a parallel draft model beside the draft, with
         its own cache); medusa, eagle, peagle: heads trained on the target;
-        token_strings: each token's text (the suffix method matches characters with it).
-        Every registered method whose proposer can run on these is built (registry.py)."""
+        token_strings: each token's text (the suffix method matches characters with it);
+        max_model_len: the longest sequence (prompt and output), at most the target's own
+        context (default: the longest whose KV caches fit kv_cache_memory); kv_cache_memory:
+        bytes, or a size such as "4GiB", for every model's KV cache together (default: a
+        share of the memory free now; memory.py). Every registered method whose proposer can
+        run on these is built (registry.py)."""
         if max_num_seqs < 1:
             raise LeapDecodeError("max_num_seqs must be >= 1", field="max_num_seqs")
         self.target = target
         self.max_num_seqs = max_num_seqs
-        self.max_len = target.max_context + MAX_K + 1  # room for drafts past the last token
+        self.max_model_len = self._size_context(
+            {"target": target, "draft": draft, "pard": pard},
+            {"eagle": eagle, "peagle": peagle},
+            max_model_len,
+            kv_cache_memory,
+        )
+        self.max_len = self.max_model_len + MAX_K + 1  # room for drafts past the last token
         parts = Parts(
             target,
             draft,
@@ -115,6 +131,40 @@ class Engine:
         self.free_slots: list[int] = list(range(max_num_seqs))
         self.last_step_ks: list[int] = []  # drafts per sequence in the last decode step
 
+    def _size_context(self, models: dict, heads: dict, max_model_len, kv_cache_memory) -> int:
+        """The engine's max_model_len (memory.plan_length), set on every model as its
+        `max_context`, so that requests, proposers and the cost model keep to it."""
+        models = {name: m for name, m in models.items() if m is not None}
+        for m in models.values():
+            m.limit_context(None)  # the model's own maximum, whatever an engine set before
+        per_token = {name: m.kv_bytes_per_token() for name, m in models.items()}
+        for name, head in heads.items():
+            if head is not None and hasattr(head, "kv_heads"):
+                per_token[name] = memory.head_bytes_per_token(head)
+        if kv_cache_memory is None:
+            held = sum(memory.cache_bytes(m) for m in models.values())
+            budget, note = memory.default_budget(self.target.device, held)
+        else:
+            budget, note = memory.parse_size(kv_cache_memory), ""
+        length = memory.plan_length(
+            self.target.model_max_context,
+            per_token,
+            self.max_num_seqs,
+            MAX_K + 1,
+            max_model_len,
+            budget,
+            note,
+        )
+        for m in models.values():
+            m.limit_context(length)
+        self.kv_cache_bytes = self.max_num_seqs * (length + MAX_K + 1) * sum(per_token.values())
+        log.info(
+            "max_model_len %d: KV caches of up to %s for %d slots (kv_cache_memory %s%s)",
+            length, memory.format_size(self.kv_cache_bytes), self.max_num_seqs,
+            memory.format_size(budget), f", {note}" if note else "",
+        )  # fmt: skip
+        return length
+
     # ------------------------------------------------------------------ service
     def allocate(self) -> None:
         """Reserve every KV slot (cheap when they exist already: the caches are only emptied).
@@ -127,10 +177,20 @@ class Engine:
             if model is not None:
                 model.allocate(self.max_num_seqs, self.max_len)
 
+    def saved_costs(self) -> CostModel | None:
+        """The step costs a process before measured for these models on this machine, or
+        None (then `auto` profiles them when first needed: cost_model.py)."""
+        return CostModel.load(self.target, self.draft, self.max_num_seqs)
+
     def _profile_costs(self) -> CostModel:
-        """The step costs measured on this engine's own (emptied) caches."""
-        self.allocate()
-        return CostModel.profile(self.target, self.draft, self.max_num_seqs)
+        """The saved step costs (saved_costs), else measured on this engine's own (emptied)
+        caches and saved."""
+        cost = self.saved_costs()
+        if cost is None:
+            self.allocate()
+            cost = CostModel.profile(self.target, self.draft, self.max_num_seqs)
+            cost.save(self.target, self.draft, self.max_num_seqs)
+        return cost
 
     def compile(self) -> float:
         """Compile the target's short steps (native backend) for this engine's batch size and

@@ -47,7 +47,9 @@ class CausalLM(ABC):
 
     name: str  # "native" or "transformers"
     vocab_size: int  # logits width (may exceed the tokenizer's size: padded embeddings)
-    max_context: int  # longest sequence the model supports
+    max_context: int  # longest sequence it runs: model_max_context, or less (limit_context)
+    model_max_context: int  # the longest sequence the model itself supports (its config's)
+    path: str | None = None  # the folder it was loaded from
     device: torch.device
     dtype: torch.dtype
     config: object  # the transformers config object
@@ -78,6 +80,26 @@ class CausalLM(ABC):
                 f"a reduced draft vocabulary needs the native backend, not {self.name}: "
                 "pass draft_vocab=0 (CLI: --draft-vocab 0)"
             )
+
+    def limit_context(self, n: int | None) -> None:
+        """Run sequences of up to `n` tokens (the engine's max_model_len), at most the
+        model's own maximum; None: the model's own. What reads `max_context` (requests'
+        checks, proposers, the cost model) sees it; the engine sizes the caches to it."""
+        own = getattr(self, "model_max_context", None) or self.max_context
+        self.model_max_context = own
+        self.max_context = own if n is None else min(int(n), own)
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes a cached token takes in this model's KV cache (keys and values of every
+        layer; from its config, in the weights' dtype; 0 when the config does not say)."""
+        c = self.config
+        layers = getattr(c, "num_hidden_layers", None)
+        heads = getattr(c, "num_attention_heads", None)
+        if not layers or not heads:
+            return 0
+        kv_heads = getattr(c, "num_key_value_heads", None) or heads
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+        return 2 * int(layers) * int(kv_heads) * int(head_dim) * self.dtype.itemsize
 
     @abstractmethod
     def allocate(self, n_slots: int, max_len: int) -> None:

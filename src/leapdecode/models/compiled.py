@@ -31,12 +31,13 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ..cache import cache_dir
 from .ops import linear, rms_norm
 from .rope import apply_rope
 
 MAX_TOKENS = 64  # longest step compiled; prompts run eager (one forward each, few of them)
 PAST_BLOCK = 64  # the past is read in whole blocks of positions
-CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "leapdecode", "inductor")
+CACHE_DIR = cache_dir("inductor")
 
 
 class CompiledForward:

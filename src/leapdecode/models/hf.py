@@ -24,7 +24,9 @@ class TransformersLM(CausalLM):
         self.dtype = dtype
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        self.path = path
         self.max_context = int(getattr(config, "max_position_embeddings", 0) or 1 << 20)
+        self.model_max_context = self.max_context
         params = inspect.signature(self.model.forward).parameters
         # transformers >= 5.2x names the argument `cache`; older releases `past_key_values`.
         self.cache_arg = "cache" if "cache" in params else "past_key_values"

@@ -1,8 +1,27 @@
-"""A preallocated KV cache: one row (slot) per sequence, per-slot lengths, O(1) rollback."""
+"""A preallocated KV cache: one row (slot) per sequence, per-slot lengths, O(1) rollback.
+
+Its size is the engine's max_model_len (memory.py sizes it to a budget); on the CPU its pages
+are committed as they are written (`zeros`)."""
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
+
+LAZY_BYTES = 1 << 20  # CPU caches from this size up take their memory as they are written
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor for a cache. On the CPU a large one is an anonymous mapping: its pages
+    are the system's zero page until written, so the cache's memory grows with the positions
+    its sequences reach (a slot's positions are contiguous in each layer and head), up to the
+    size reserved for it, instead of all of it at once (torch.zeros writes every page)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if device.type != "cpu" or nbytes < LAZY_BYTES:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)
 
 
 class KVCache:
@@ -19,8 +38,8 @@ class KVCache:
         # one tensor for every layer: self.k[layer] is that layer's [slots, H_kv, L, D] view, and
         # an operation over all layers (a tree step's compaction) is one call, not one a layer
         shape = (n_layers, n_slots, n_kv_heads, max_len, head_dim)  # [layers, slots, H_kv, L, D]
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = zeros(shape, dtype, device)
+        self.v = zeros(shape, dtype, device)
         self.lens = torch.zeros(n_slots, dtype=torch.long)  # [slots], on the CPU
         self.n_slots = n_slots
         self.max_len = max_len

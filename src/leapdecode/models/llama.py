@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 from ..errors import LeapDecodeError
 from .base import CausalLM, ForwardOutput, HiddenRequest
@@ -47,7 +46,21 @@ class LayerWeights:
     window: int | None  # sliding-window size, None for full attention
 
 
-def read_safetensors(path: str) -> dict[str, torch.Tensor]:
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def _weight_files(path: str) -> list[str]:
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
         with open(index) as f:
@@ -56,17 +69,113 @@ def read_safetensors(path: str) -> dict[str, torch.Tensor]:
         files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
     if not files:
         raise NativeUnsupported("no *.safetensors weights")
-    state: dict[str, torch.Tensor] = {}
-    for name in files:
-        full = os.path.join(path, name)
+    return [os.path.join(path, n) for n in files]
+
+
+def _give_back_freed() -> None:
+    """Return the memory freed so far to the system (glibc keeps large freed blocks in its
+    heap once its mmap threshold has grown: the bfloat16 originals of float32 weights stayed
+    resident beside them)."""
+    global _TRIM
+    if _TRIM is None:
         try:
-            state.update(load_file(full))
-        except Exception as e:  # noqa: BLE001 - SafetensorError, OSError, ...: a damaged file
-            raise LeapDecodeError(
-                f"the weights file {full!r} is damaged or incomplete ({type(e).__name__}: {e}): "
-                "copy or download it again"
-            ) from None
-    return state
+            import ctypes
+
+            _TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM = None
+
+
+def _damaged(full: str, why: str) -> LeapDecodeError:
+    return LeapDecodeError(
+        f"the weights file {full!r} is damaged or incomplete ({why}): copy or download it again"
+    )
+
+
+class SafetensorsReader:
+    """The tensors of a folder's *.safetensors files, each read when taken, into memory of its
+    own (plain reads, no file mapping): a loader that converts, fuses or transposes a tensor
+    and drops the original as it goes then holds one copy of the weights at most (tensors
+    mapped from the file, as safetensors' load_file makes them, kept the whole file resident
+    beside the fused and converted copies)."""
+
+    def __init__(self, path: str) -> None:
+        self.files: dict[str, object] = {}
+        self.index: dict[str, tuple[str, str, list[int], int, int]] = {}
+        for full in _weight_files(path):
+            try:
+                size = os.path.getsize(full)
+                with open(full, "rb") as f:
+                    n = int.from_bytes(f.read(8), "little")
+                    if not 0 < n <= size - 8:
+                        raise ValueError(f"header length {n}")
+                    header = json.loads(f.read(n))
+            except (OSError, ValueError) as e:  # JSONDecodeError is a ValueError
+                raise _damaged(full, f"{type(e).__name__}: {e}") from None
+            base = 8 + n
+            for name, info in header.items():
+                if name == "__metadata__":
+                    continue
+                try:
+                    start, end = (int(x) for x in info["data_offsets"])
+                    entry = (full, str(info["dtype"]), [int(x) for x in info["shape"]])
+                except (KeyError, TypeError, ValueError) as e:
+                    raise _damaged(full, f"{name}: {type(e).__name__}: {e}") from None
+                if not 0 <= start <= end or base + end > size:
+                    raise _damaged(full, f"{name} ends past the file's {size} bytes")
+                self.index[name] = (*entry, base + start, base + end)
+
+    def names(self) -> list[str]:
+        """The tensors not taken yet."""
+        return list(self.index)
+
+    def take(self, name: str) -> torch.Tensor | None:
+        """Read tensor `name` (None when the files lack it); it leaves the reader."""
+        entry = self.index.pop(name, None)
+        if entry is None:
+            return None
+        full, dtype, shape, start, end = entry
+        if dtype not in _DTYPES:
+            raise NativeUnsupported(f"weights stored as {dtype}")
+        out = torch.empty(shape, dtype=_DTYPES[dtype])
+        nbytes = out.numel() * out.element_size()
+        if nbytes != end - start:
+            raise _damaged(full, f"{name}: {end - start} bytes for shape {shape} of {dtype}")
+        if nbytes:
+            f = self.files.get(full)
+            if f is None:
+                f = self.files[full] = open(full, "rb")  # noqa: SIM115 - closed by close()
+            f.seek(start)
+            view = memoryview(out.reshape(-1).view(torch.uint8).numpy())
+            if f.readinto(view) != nbytes:
+                raise _damaged(full, f"{name} is cut short")
+        return out
+
+    def drop(self, name: str) -> None:
+        """Leave tensor `name` unread (it counts as taken)."""
+        self.index.pop(name, None)
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+        self.files.clear()
+
+    def __enter__(self) -> SafetensorsReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_safetensors(path: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a folder's *.safetensors files, by name."""
+    with SafetensorsReader(path) as reader:
+        return {name: reader.take(name) for name in reader.names()}
 
 
 def _layer_windows(config, n_layers: int) -> list[int | None]:
@@ -98,9 +207,10 @@ class NativeLlama(CausalLM):
         self.n_kv_heads = getattr(config, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
         self.eps = config.rms_norm_eps
-        self.max_context = int(config.max_position_embeddings)
-        state = read_safetensors(path)
-        self._load(state, config)
+        self.path = path
+        self.model_max_context = self.max_context = int(config.max_position_embeddings)
+        with SafetensorsReader(path) as reader:
+            self._load(reader, config)
         try:
             cos, sin = rope_tables(config, self.head_dim, self.max_context, dtype)
         except NotImplementedError as e:
@@ -136,21 +246,40 @@ class NativeLlama(CausalLM):
     def reads_own_context(self) -> bool:
         return self.compiled is not None and self.compiled.kernel
 
-    def _load(self, state: dict[str, torch.Tensor], config) -> None:
+    def _load(self, reader: SafetensorsReader, config) -> None:
+        """The weights, read, converted and fused a tensor at a time (each original dropped
+        once used: loading holds one copy of the weights, and a layer's in flight)."""
+
+        def raw(name: str, required: bool = True) -> torch.Tensor | None:
+            t = reader.take(name)  # on the CPU, in the file's dtype
+            if t is None and required:
+                raise NativeUnsupported(f"missing weight {name}")
+            return t
+
         def take(name: str, required: bool = True) -> torch.Tensor | None:
-            t = state.pop(name, None)
-            if t is None:
-                if required:
-                    raise NativeUnsupported(f"missing weight {name}")
-                return None
-            return t.to(device=self.device, dtype=self.dtype)
+            t = raw(name, required)
+            return None if t is None else t.to(device=self.device, dtype=self.dtype)
 
         def cat(*ts):
             return None if any(t is None for t in ts) else torch.cat(ts, dim=0).contiguous()
 
-        def cat_t(*ts):  # fused along out, then laid out for _linear
-            w = torch.cat(ts, dim=0)
-            return w.t().contiguous() if _transposed(w) else w.contiguous()
+        layout = torch.empty(0, dtype=self.dtype, device=self.device)
+
+        def cat_t(*ts):
+            """Matrices [out_i, in] fused along out and laid out for _linear, converted as
+            they are copied into the result (no intermediate copy of the converted weights)."""
+            w, flip = ts[0], _transposed(layout)
+            if len(ts) == 1 and not flip and (w.dtype, w.device) == (self.dtype, self.device):
+                return w.contiguous()
+            rows = sum(t.shape[0] for t in ts)
+            shape = (w.shape[1], rows) if flip else (rows, w.shape[1])
+            out = torch.empty(shape, dtype=self.dtype, device=self.device)
+            at = 0
+            for t in ts:
+                n = t.shape[0]
+                (out[:, at : at + n] if flip else out[at : at + n]).copy_(t.t() if flip else t)
+                at += n
+            return out
 
         self.embed = take("model.embed_tokens.weight")
         self.vocab_size = self.embed.shape[0]
@@ -168,31 +297,32 @@ class NativeLlama(CausalLM):
             self.layers.append(
                 LayerWeights(
                     attn_norm=take(p + "input_layernorm.weight"),
-                    wqkv=cat_t(*(take(p + f"self_attn.{n}_proj.weight") for n in "qkv")),
+                    wqkv=cat_t(*(raw(p + f"self_attn.{n}_proj.weight") for n in "qkv")),
                     bqkv=cat(*(take(p + f"self_attn.{n}_proj.bias", False) for n in "qkv")),
                     qk_norm=qk_norm,
-                    wo=cat_t(take(p + "self_attn.o_proj.weight")),
+                    wo=cat_t(raw(p + "self_attn.o_proj.weight")),
                     bo=take(p + "self_attn.o_proj.bias", False),
                     mlp_norm=take(p + "post_attention_layernorm.weight"),
-                    w_gate_up=cat_t(
-                        take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")
-                    ),
+                    w_gate_up=cat_t(raw(p + "mlp.gate_proj.weight"), raw(p + "mlp.up_proj.weight")),
                     b_gate_up=cat(
                         take(p + "mlp.gate_proj.bias", False), take(p + "mlp.up_proj.bias", False)
                     ),
-                    w_down=cat_t(take(p + "mlp.down_proj.weight")),
+                    w_down=cat_t(raw(p + "mlp.down_proj.weight")),
                     b_down=take(p + "mlp.down_proj.bias", False),
                     window=windows[i],
                 )
             )
+            _give_back_freed()
         self.norm = take("model.norm.weight")
-        lm_head = take("lm_head.weight", required=False)
-        if lm_head is None or getattr(config, "tie_word_embeddings", False):
+        tied = getattr(config, "tie_word_embeddings", False)
+        lm_head = reader.drop("lm_head.weight") if tied else raw("lm_head.weight", False)
+        if lm_head is None:
             lm_head = self.embed
         self.lm_head = cat_t(lm_head)  # [hidden, V] (layout: see _transposed)
         self._full_head = self.lm_head
         self.head_ids = None
-        leftover = [n for n in state if "rotary_emb" not in n]
+        _give_back_freed()
+        leftover = [n for n in reader.names() if "rotary_emb" not in n]
         if leftover:
             raise NativeUnsupported(f"unexpected weights such as {leftover[0]}")
 
@@ -221,11 +351,15 @@ class NativeLlama(CausalLM):
         return _linear(x.to(self.dtype), self._full_head, None).float()
 
     # ------------------------------------------------------------------- cache
+    def kv_bytes_per_token(self) -> int:
+        return 2 * len(self.layers) * self.n_kv_heads * self.head_dim * self.attn_dtype.itemsize
+
     def allocate(self, n_slots: int, max_len: int) -> None:
         c = self.cache
         if c is not None and c.n_slots == n_slots and c.max_len >= max_len:
             c.lens.zero_()
             return
+        self.cache = c = None  # the old cache is freed before the new one is made
         self.cache = KVCache(
             len(self.layers),
             n_slots,

@@ -27,6 +27,7 @@ import torch
 
 from ..models.base import CausalLM, HiddenRequest
 from ..models.eagle import Eagle3Head
+from ..models.kv_cache import zeros
 from ..sequence import Sequence, pad_right
 from .base import HEAD_SIZING, Drafts, Offer, Parts, Proposer
 
@@ -57,8 +58,8 @@ class EagleProposer(Proposer):
         if self.k_cache is None or self.k_cache.shape[0] < n_slots:
             shape = (n_slots, h.kv_heads, self.max_len, h.head_dim)
             old_k, old_v = self.k_cache, self.v_cache
-            self.k_cache = torch.zeros(shape, device=self.target.device)
-            self.v_cache = torch.zeros(shape, device=self.target.device)
+            self.k_cache = zeros(shape, torch.float32, self.target.device)
+            self.v_cache = zeros(shape, torch.float32, self.target.device)
             if old_k is not None:
                 self.k_cache[: old_k.shape[0]] = old_k
                 self.v_cache[: old_v.shape[0]] = old_v
