@@ -238,14 +238,19 @@ def test_an_errors_field_is_named_as_its_flag_and_paths_are_left_alone():
 
 
 def test_demo_on_the_embedded_models_gives_the_same_output_for_every_method(capsys):
-    """The README's main command: every method's row, each with the plain decoding's output."""
-    code, out, err = run_cli(capsys, "demo", "--max-new-tokens", "24", "--repeats", "1",
-                             "--no-vllm")  # fmt: skip
+    """The README's main command (on the embedded pair here; a user's pulls a real model):
+    every method's row, each with the plain decoding's output, for both tasks."""
+    from leapdecode.paths import DRAFT_NAME, TARGET_NAME, default_model
+
+    code, out, err = run_cli(capsys, "demo", "--target", default_model(TARGET_NAME), "--draft",
+                             default_model(DRAFT_NAME), "--max-new-tokens", "24", "--repeats",
+                             "1", "--no-vllm")  # fmt: skip
     assert code == 0, err
     rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") == 8}
     assert set(rows) == {"none", "draft", "ngram", "suffix", "eagle"}  # eagle: head beside target
     assert all(line.split("│")[7].strip() == "yes" for line in rows.values()), out
-    assert [rows[m].split("│")[2].strip() for m in ("draft", "ngram", "eagle")] == ["2", "16", "6"]
+    assert [rows[m].split("│")[2].strip() for m in ("draft", "ngram", "eagle")] == ["4", "8", "6"]
+    assert "code edit" in out and "completion" in out
 
 
 def test_demo_prompt_is_a_revision_the_embedded_target_gets_right():

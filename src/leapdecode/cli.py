@@ -165,11 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--k",
         type=int,
         default=None,
-        help="draft tokens per step for every method (default: draft 4, ngram and suffix 16, "
+        help="draft tokens per step for every method (default: draft 4, ngram and suffix 8, "
         "lookahead 4, eagle 6)",
     )
-    demo.add_argument("--max-new-tokens", type=int, default=128)
-    demo.add_argument("--repeats", type=int, default=3)
+    demo.add_argument("--max-new-tokens", type=int, default=96, help="(default 96)")
+    demo.add_argument(
+        "--repeats", type=int, default=2, help="runs of each row, interleaved (default 2)"
+    )
     demo.add_argument(
         "--no-vllm",
         action="store_true",

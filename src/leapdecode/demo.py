@@ -33,30 +33,33 @@ def _set_new_attribute(cls, name, new_value):"""
 # The prompt ends inside the line: a trailing newline would be a lone "\n" token, which
 # byte-level BPE merges with the next line's indent in real code.
 
-# A completion: a class whose next method mirrors the ones above it (code completion is where
-# output mirrors input: prompt lookup and suffix decoding find the pattern).
-COMPLETION_PROMPT = """class Vector:
-    def __init__(self, x, y, z):
-        self.x = x
-        self.y = y
-        self.z = z
+# A completion: a test case whose siblings above it show the pattern (code completion is where
+# output mirrors input: prompt lookup and suffix decoding find it).
+COMPLETION_PROMPT = """import unittest
 
-    def __add__(self, other):
-        return Vector(self.x + other.x, self.y + other.y, self.z + other.z)
+from shapes import Circle, Square, Triangle
 
-    def __sub__(self, other):
-        return Vector(self.x - other.x, self.y - other.y, self.z - other.z)
 
-    def __mul__(self, other):"""
+class TestShapes(unittest.TestCase):
+    def test_circle_area(self):
+        shape = Circle(2)
+        self.assertAlmostEqual(shape.area(), 12.566, places=3)
+
+    def test_square_area(self):
+        shape = Square(3)
+        self.assertAlmostEqual(shape.area(), 9.0, places=3)
+
+    def test_triangle_area(self):"""
 
 TASKS = [("code edit", DEMO_PROMPT), ("completion", COMPLETION_PROMPT)]
 
 # The real model the demo pulls on its first run when no --target is given
 DEMO_MODEL = "qwen2.5-coder-0.5b-instruct"
 
-# k per method: a short draft-model chain, long copies for prompt lookup and suffix, a
-# 6-node EAGLE tree
-DEMO_K = {"draft": 4, "ngram": 16, "suffix": 16, "lookahead": 4, "medusa": 4, "eagle": 6}
+# k per method: a short draft-model chain, copies of 8 for prompt lookup and suffix (on the
+# 0.5B, 16 verified rows cost more than their extra tokens gain on the completion), a 6-node
+# EAGLE tree
+DEMO_K = {"draft": 4, "ngram": 8, "suffix": 8, "lookahead": 4, "medusa": 4, "eagle": 6}
 
 # vLLM's k where its best differs from ours (its eagle3 drafts a chain, ours a 6-node tree)
 VLLM_K = {"vllm-eagle3": 3}
