@@ -3,7 +3,8 @@
 Greedy: every draftless method gives transformers' own `generate` tokens on the same folder,
 both in float32, over 12 prompts of the bench sets (a difference is forgiven only at a tie of
 the reference's top-2 logits). Sampling: the first two tokens of SmolLM2-135M follow the
-target's exact distribution under every draftless method (chi-square). The 1.5B with the
+target's exact distribution under prompt lookup and suffix decoding (chi-square; lookahead's
+sampling is tested on the toy target). The 1.5B with the
 0.5B draft is too slow for CI: `bench/lossless_real.py` runs it (docs/lossless_real/).
 
 The models are pulled once into $LEAPDECODE_TEST_MODELS (default: a folder under the
@@ -26,7 +27,7 @@ from leapdecode.bench.against_transformers import MethodReport, Reference, compa
 MODELS = os.environ.get(
     "LEAPDECODE_TEST_MODELS", os.path.join(tempfile.gettempdir(), "leapdecode-test-models")
 )
-NEW_TOKENS = 32
+NEW_TOKENS = 24
 METHODS = {"none": 4, "ngram": 8, "suffix": 16, "lookahead": 4}  # method -> k
 
 
@@ -53,7 +54,7 @@ def real(request):
     folder = pulled(request.param)
     reference = Reference(folder, torch.float32)
     tok = AutoTokenizer.from_pretrained(folder)
-    prompts = [tok.encode(text) for text in real_prompts(n_per_category=3)]
+    prompts = [tok.encode(text) for text in real_prompts(n_per_category=3, max_chars=400)]
     wanted = [reference.greedy(ids, NEW_TOKENS) for ids in prompts]
     return folder, reference, prompts, wanted
 
@@ -87,11 +88,11 @@ def smollm2():
     return folder, hf, AutoTokenizer.from_pretrained(folder)
 
 
-SAMPLES = 1000
+SAMPLES = 800
 SAMPLING = dict(temperature=1.5, top_k=3)
 
 
-@pytest.mark.parametrize("method", ["ngram", "suffix", "lookahead"])
+@pytest.mark.parametrize("method", ["ngram", "suffix"])  # lookahead: the toy tests' sampling
 def test_sampling_follows_the_target(smollm2, method):
     """The first two sampled tokens' joint distribution, exact from transformers, against
     SAMPLES differently seeded rows of each method."""

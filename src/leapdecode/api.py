@@ -154,10 +154,11 @@ class LeapDecoder:
         target = resolve_model(target, "target")
         draft = None if draft is None else resolve_model(draft, "draft")
         pard = None if pard is None else resolve_model(pard, "pard")
-        if speculators is not None and not isinstance(speculators, str):
-            speculators = [resolve_model(s, "speculator") for s in speculators]
-        elif speculators is not None:
-            speculators = resolve_model(speculators, "speculator")
+        if speculators is not None:  # a head folder goes as it is: load_heads checks it
+            speculators = [
+                s if os.path.isdir(s) else resolve_model(s, "speculator")
+                for s in ([speculators] if isinstance(speculators, str) else speculators)
+            ]
         target_model = load_model(target, backend, device, dtype, what="target")
         tokenizer = load_tokenizer(target)
         draft_model = None
