@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
 
     t0 = time.perf_counter()
-    ref = Reference(target, dtype)
+    ref = Reference(target, dtype)  # transformers in the same dtype as ours
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(target)
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
         report = MethodReport(m, DEFAULT_K.get(m))
         report.target_forwards = sum(o.stats.target_forwards for o in outs)
         report.new_tokens = sum(len(o.token_ids) for o in outs)
-        compare(ref, prompts, wanted, [o.token_ids for o in outs], report)
+        compare(ref, prompts, wanted, [o.token_ids for o in outs], report, dtype)
         row = report.as_dict() | {"seconds": round(time.perf_counter() - t1, 1)}
         rows.append(row)
         print(f"{m}: {row['identical']}/{row['prompts']} identical, {row['ties']} ties, "

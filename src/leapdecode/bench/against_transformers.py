@@ -3,7 +3,8 @@ on real checkpoints (the CI tests and `bench/lossless_real.py` both run it).
 
 A difference is forgiven only at a tie: the reference's top-2 logits, after the common
 prefix, are the two tokens in question and closer than `TIE_FLOAT32` (two implementations of
-one float32 model round differently; the margins seen are written into the report).
+one float32 model round differently), or in a 16-bit dtype than two units in the last place of
+the top logit (lossless.tie_tolerance); the margins seen are written into the report.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .lossless import first_difference
+from .lossless import first_difference, tie_tolerance
 
 TIE_FLOAT32 = 2e-3  # logits; the summation order of two float32 implementations differs
 
@@ -104,10 +105,11 @@ class Reference:
         return new
 
     @torch.no_grad()
-    def top2(self, ids: list[int]) -> tuple[list[int], float]:
+    def top2(self, ids: list[int]) -> tuple[list[int], float, float]:
+        """The two likeliest next tokens, their logits' margin, and the top logit."""
         logits = self.model(torch.tensor([ids])).logits[0, -1].float()
         top = torch.topk(logits, 2)
-        return top.indices.tolist(), float(top.values[0] - top.values[1])
+        return top.indices.tolist(), float(top.values[0] - top.values[1]), float(top.values[0])
 
 
 def compare(
@@ -116,7 +118,7 @@ def compare(
     wanted: list[list[int]],
     got: list[list[int]],
     report: MethodReport,
-    tie: float = TIE_FLOAT32,
+    dtype: torch.dtype = torch.float32,
 ) -> MethodReport:
     """Fill `report` with each prompt's first difference of `got` from `wanted`, judged."""
     for i, (ids, want, have) in enumerate(zip(prompts, wanted, got, strict=True)):
@@ -125,7 +127,8 @@ def compare(
         if pos is None:
             report.identical += 1
             continue
-        top, margin = reference.top2(ids + want[:pos])
+        top, margin, top_logit = reference.top2(ids + want[:pos])
+        tie = max(TIE_FLOAT32, tie_tolerance(top_logit, dtype))
         pair = {
             want[pos] if pos < len(want) else None,
             have[pos] if pos < len(have) else None,

@@ -449,19 +449,14 @@ class CostModel:
             self.overhead_s = overhead_s if old == 0 else old + rate * (overhead_s - old)
 
     def as_dict(self) -> dict:
-        return {
-            "batches": self.batches.tolist(),
-            "new_tokens": self.news.tolist(),
-            "contexts": self.contexts.tolist(),
-            "verify_s": self.verify.tolist(),
-            "draft_s": self.draft.tolist(),
+        """What was measured, and what the steps taught it since."""
+        return self.profile_dict() | {
             "verify_scale": self.verify_scale,
             "batch_scale": np.where(
                 self.batch_seen > 0, self.batch_scale, self.verify_scale
             ).tolist(),
             "verify_shape": self.verify_shape.tolist(),
             "draft_scale": self.draft_scale,
-            "draft_token_s": self.draft_token_s,
             "propose_s": dict(self.propose),
             "overhead_s": self.overhead_s,
         }
