@@ -6,6 +6,7 @@ import contextlib
 import copy
 import os
 import sysconfig
+import tempfile
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -224,3 +225,24 @@ def gof_pvalue(pairs, exact) -> float:
     from scipy.stats import chisquare
 
     return chisquare(obs, [e * scale for e in exp]).pvalue
+
+
+# real models (tests/test_real_models.py, test_chat.py): pulled once into the tests' own folder
+REAL_MODELS = os.environ.get(
+    "LEAPDECODE_TEST_MODELS", os.path.join(tempfile.gettempdir(), "leapdecode-test-models")
+)
+
+
+def pulled(name: str) -> str:
+    """The catalogue model's folder, pulled into the tests' own cache if not there yet."""
+    from leapdecode.pull import pull
+
+    saved = os.environ.get("LEAPDECODE_CACHE")
+    os.environ["LEAPDECODE_CACHE"] = REAL_MODELS
+    try:
+        return pull(name, progress=False)
+    finally:
+        if saved is None:
+            os.environ.pop("LEAPDECODE_CACHE", None)
+        else:
+            os.environ["LEAPDECODE_CACHE"] = saved

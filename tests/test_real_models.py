@@ -14,36 +14,15 @@ CI run's pull quick.
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import pytest
 import torch
 
-from helpers import exact_pairs, gof_pvalue
+from helpers import exact_pairs, gof_pvalue, pulled
 from leapdecode import LeapDecoder
 from leapdecode.bench.against_transformers import MethodReport, Reference, compare, real_prompts
 
-MODELS = os.environ.get(
-    "LEAPDECODE_TEST_MODELS", os.path.join(tempfile.gettempdir(), "leapdecode-test-models")
-)
 NEW_TOKENS = 24
 METHODS = {"none": 4, "ngram": 8, "suffix": 16, "lookahead": 4}  # method -> k
-
-
-def pulled(name: str) -> str:
-    """The catalogue model's folder, pulled into the tests' own cache if not there yet."""
-    from leapdecode.pull import pull
-
-    saved = os.environ.get("LEAPDECODE_CACHE")
-    os.environ["LEAPDECODE_CACHE"] = MODELS
-    try:
-        return pull(name, progress=False)
-    finally:
-        if saved is None:
-            os.environ.pop("LEAPDECODE_CACHE", None)
-        else:
-            os.environ["LEAPDECODE_CACHE"] = saved
 
 
 @pytest.fixture(scope="module", params=["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"])

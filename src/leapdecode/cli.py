@@ -23,7 +23,8 @@ from .cli_args import (
 )
 from .config import SpecConfig
 from .errors import LeapDecodeError
-from .paths import DEFAULT_MODELS, resolve_models  # noqa: F401 - DEFAULT_MODELS: tests
+from .paths import DEFAULT_MODELS  # noqa: F401 - tests
+from .resolve import resolve_models
 
 
 class _Parser(argparse.ArgumentParser):

@@ -409,3 +409,12 @@ def say(message: str, progress: bool = True) -> None:
     """A progress line on stderr."""
     if progress:
         print(f"leapdecode: {message}", file=sys.stderr, flush=True)
+
+
+def resolve_models(target: str | None, draft: str | None) -> tuple[str, str | None]:
+    """The commands' (target, draft) as folders: the embedded pair when no target is given
+    (paths.resolve_models' rule), each else resolved as `resolve_model` does."""
+    from .paths import resolve_models as defaults
+
+    target, draft = defaults(target, draft)
+    return resolve_model(target, "target"), None if draft is None else resolve_model(draft, "draft")

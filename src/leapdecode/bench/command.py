@@ -214,7 +214,7 @@ def fill_parser(p, model_args) -> None:
 def cmd_prompts(args) -> int:
     from transformers import AutoTokenizer
 
-    from ..paths import resolve_models
+    from ..resolve import resolve_models
     from . import workloads
 
     target, _ = resolve_models(args.target, None)
@@ -235,7 +235,7 @@ def cmd_run(args) -> int:
 
     from ..api import LeapDecoder
     from ..cli_args import load_options
-    from ..paths import resolve_models
+    from ..resolve import resolve_models
     from . import lossless, report, runner, workloads
     from .peers import HFPeers
 

@@ -55,7 +55,7 @@ def _prompts(target: str, n: int, seed: int) -> list[dict]:
 
 def cmd_repeated(args) -> int:
     from ..api import LeapDecoder
-    from ..paths import resolve_models
+    from ..resolve import resolve_models
 
     if args.requests < 2 or not 1 <= args.k <= 64:
         raise LeapDecodeError("--requests must be >= 2 and --k in 1..64")

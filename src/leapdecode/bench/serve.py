@@ -324,7 +324,7 @@ def _heads(args) -> list[str]:
     if args.url is not None or args.backend != "native":
         return []  # the server loads heads on the native backend only
     from ..models.heads import beside, kind_of
-    from ..paths import resolve_models
+    from ..resolve import resolve_models
 
     paths = args.speculator or beside(resolve_models(args.target, None)[0])
     return sorted(k for k in map(kind_of, paths) if k in ("medusa", "eagle"))
@@ -402,7 +402,7 @@ def cmd_serve_bench(args) -> int:
 @contextmanager
 def _vllm_peer(args):
     """vLLM's servers for --peer vllm: yields their Configs."""
-    from ..paths import resolve_models
+    from ..resolve import resolve_models
     from ..threads import available_cores
     from .vllm_peer import HINT, LOGS, check_python, default_lookup, export_eagle3, find_python
     from .vllm_serve import configs as vllm_configs
@@ -442,7 +442,7 @@ def _vllm_peer(args):
 
 
 def _local_draft(args) -> bool:
-    from ..paths import resolve_models
+    from ..resolve import resolve_models
 
     return resolve_models(args.target, args.draft)[1] is not None
 

@@ -113,7 +113,7 @@ def bind(host: str, port: int) -> list:
 
 def _configure(args) -> tuple[SpecConfig, dict]:
     """The server's checked flags: its default SpecConfig and what the engine process loads."""
-    from ..paths import resolve_models
+    from ..resolve import resolve_models
 
     if not 0 < args.port < 65536:
         raise LeapDecodeError(f"--port must be in 1..65535, got {args.port}")
