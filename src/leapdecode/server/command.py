@@ -113,7 +113,7 @@ def bind(host: str, port: int) -> list:
 
 def _configure(args) -> tuple[SpecConfig, dict]:
     """The server's checked flags: its default SpecConfig and what the engine process loads."""
-    from ..resolve import resolve_models
+    from ..paths import resolve_models  # the folders themselves: cmd_serve, once bound
 
     if not 0 < args.port < 65536:
         raise LeapDecodeError(f"--port must be in 1..65535, got {args.port}")
@@ -145,13 +145,17 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     from ..frontend import Frontend, load_tokenizer
+    from ..resolve import resolve_model
     from ..threads import resolve_threads
     from .app import Server, create_app
     from .worker import EngineClient
 
     spec, load = _configure(args)
     socks = bind(args.host, args.port)
-    target = load["target"]
+    # the edge: a catalogue name, a .gguf file or a Hub id becomes a folder, for both processes
+    load["target"] = target = resolve_model(load["target"], "target")
+    if load["draft"] is not None:
+        load["draft"] = resolve_model(load["draft"], "draft")
     resolve_threads(args.threads)  # a bad --threads is said here, not by the engine process
     torch.set_num_threads(1)  # the HTTP process runs no model
     name = args.served_model_name or os.path.basename(os.path.abspath(target))
