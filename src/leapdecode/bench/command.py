@@ -13,13 +13,13 @@ from ..errors import LeapDecodeError
 from ..paths import PROMPTS, REPO, resolve_pard
 
 
-def _ks(text: str, flag: str) -> list[int]:
+def _ks(text: str, flag: str, most: int = MAX_K) -> list[int]:
     try:
         ks = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
         raise LeapDecodeError(f"{flag} takes comma-separated integers, e.g. 2,4,8") from None
-    if not ks or any(not 1 <= k <= MAX_K for k in ks):
-        raise LeapDecodeError(f"{flag}: every k must be in 1..{MAX_K}")
+    if not ks or any(not 1 <= k <= most for k in ks):
+        raise LeapDecodeError(f"{flag}: every k must be in 1..{most}")
     return ks
 
 
@@ -101,7 +101,18 @@ def fill_parser(p, model_args) -> None:
     add_verify_arg(run)
     run.add_argument("--prompts", default=PROMPTS, help="folder of <category>.jsonl files")
     run.add_argument("--out", default=os.path.join("bench", "results"))
-    run.add_argument("--categories", default="completion,revision,grounded,free")
+    run.add_argument(
+        "--categories",
+        default=None,
+        help="comma-separated: completion, revision, grounded, free, chat (default: all; chat "
+        "only when the target has a chat template)",
+    )
+    run.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="every prompt's token budget (default: its category's own, 128-256)",
+    )
     run.add_argument("--per-category", type=int, default=None, help="first N prompts of each")
     run.add_argument("--repeats", type=int, default=3, help="timed rounds per prompt (median)")
     run.add_argument("--draft-k", default="2,3,4,6")
@@ -183,12 +194,37 @@ def fill_parser(p, model_args) -> None:
         help="k for our proposers inside vLLM (default: the largest --ngram-k and --suffix-k)",
     )
     run.add_argument(
+        "--llamacpp",
+        default=None,
+        metavar="DIR",
+        help="llama.cpp's folder, its bin/ holding llama-server (default: $LEAPDECODE_LLAMACPP, "
+        "else .llamacpp when `bash bench/llamacpp_env.sh` built it)",
+    )
+    run.add_argument("--no-llamacpp", action="store_true", help="skip the llama.cpp peers")
+    run.add_argument(
+        "--llamacpp-precision",
+        default="GGUF,BF16",
+        help="llama.cpp's weights: GGUF (the catalogue's own quantized file), BF16 (a GGUF of the "
+        "weights we run), or both",
+    )
+    run.add_argument(
+        "--llamacpp-draft-k",
+        default="3,7",
+        help="llama.cpp's --spec-draft-n-max with the draft (3: its default; 7: its example)",
+    )
+    run.add_argument(
+        "--llamacpp-ngram-k",
+        default="64",
+        help="llama.cpp's --spec-draft-n-max for ngram-simple (64: its documentation's example)",
+    )
+    run.add_argument(
         "--methods",
         default=None,
         help="only these, comma-separated (none, draft, ngram, ngram-tree, suffix, "
         "suffix-tree, lookahead, medusa, eagle, hf-generate, hf-assisted, "
         "pard, peagle, hf-lookup, vllm, vllm-ngram, vllm-draft, vllm-suffix, vllm-eagle3, "
-        "vllm-pard, vllm-peagle, vllm-leap-suffix, vllm-leap-ngram)",
+        "vllm-pard, vllm-peagle, vllm-leap-suffix, vllm-leap-ngram, llamacpp, "
+        "llamacpp-draft, llamacpp-ngram, llamacpp-ngram-mod)",
     )
     from .serve import add_parser as add_serve
     from .serve import add_soak_parser
@@ -234,14 +270,20 @@ def cmd_run(args) -> int:
     import transformers
 
     from ..api import LeapDecoder
+    from ..chat import has_template
     from ..cli_args import load_options
+    from ..frontend import load_tokenizer
     from ..resolve import resolve_models
     from . import lossless, report, runner, workloads
     from .peers import HFPeers
 
     transformers.logging.set_verbosity_error()
     target, draft = resolve_models(args.target, args.draft)
-    cats = [c.strip() for c in args.categories.split(",") if c.strip()]
+    tokenizer = load_tokenizer(target)
+    if args.categories is None:
+        cats = [c for c in workloads.CATEGORIES if c != "chat" or has_template(tokenizer)]
+    else:
+        cats = [c.strip() for c in args.categories.split(",") if c.strip()]
     bad = [c for c in cats if c not in workloads.CATEGORIES]
     if bad or not cats:
         raise LeapDecodeError(
@@ -274,11 +316,12 @@ def cmd_run(args) -> int:
     keep = None
     if args.methods:  # checked before any model loads
         keep = {m.strip() for m in args.methods.split(",") if m.strip()}
-        unknown = keep - {*runner.OURS, *runner.PEERS, *runner.VLLM}
+        every = [*runner.OURS, *runner.PEERS, *runner.VLLM, *runner.LLAMACPP]
+        unknown = keep - set(every)
         if unknown or not keep:
             raise LeapDecodeError(
                 f"unknown method {sorted(unknown)[0] if unknown else ''!r} in --methods: use "
-                f"{', '.join([*runner.OURS, *runner.PEERS, *runner.VLLM])}"
+                f"{', '.join(every)}"
             )
     vllm_ks = {
         "vllm-draft": _ks(args.vllm_draft_k, "--vllm-draft-k"),
@@ -302,11 +345,36 @@ def cmd_run(args) -> int:
             print(f"no vLLM environment found, so the vLLM peers are skipped: {HINT}")
         else:
             print(f"vLLM {check_python(vllm_python)} from {vllm_python}")
+    llamacpp_dir, precisions, llamacpp_ks = None, [], {}
+    if not args.no_llamacpp and (keep is None or keep & set(runner.LLAMACPP)):
+        from .llamacpp_peer import HINT as LHINT
+        from .llamacpp_peer import PRECISIONS, find_dir, version
+
+        precisions = [p.strip().upper() for p in args.llamacpp_precision.split(",") if p.strip()]
+        if not precisions or set(precisions) - set(PRECISIONS):
+            raise LeapDecodeError(f"--llamacpp-precision takes {', '.join(PRECISIONS)}")
+        llamacpp_ks = {
+            "llamacpp-draft": _ks(args.llamacpp_draft_k, "--llamacpp-draft-k", 256),
+            "llamacpp-ngram": _ks(args.llamacpp_ngram_k, "--llamacpp-ngram-k", 256),
+        }
+        if args.quick:
+            llamacpp_ks = {name: ks[:1] for name, ks in llamacpp_ks.items()}
+        llamacpp_dir = find_dir(args.llamacpp)
+        if llamacpp_dir is None:
+            print(f"no llama.cpp build found, so the llama.cpp peers are skipped: {LHINT}")
+        else:
+            print(f"llama.cpp {version(llamacpp_dir)} from {llamacpp_dir}")
     if not 0 <= args.draft_min_prob < 1:
         raise LeapDecodeError("--draft-min-prob must be in [0, 1)")
     gen = runner.Generation(args.temperature, args.seed, args.draft_min_prob, args.verify)
     SamplingParams(temperature=gen.temperature, seed=gen.seed)  # checked before loading
     sets = workloads.load(args.prompts, cats)
+    workloads.chat_prompts(sets, tokenizer, target)  # checked before any model loads
+    if args.max_new_tokens is not None:
+        if args.max_new_tokens < 1:
+            raise LeapDecodeError("--max-new-tokens must be >= 1")
+        for row in (row for rows in sets.values() for row in rows):
+            row["max_new_tokens"] = args.max_new_tokens
     if per_cat is not None:
         if per_cat < 1:
             raise LeapDecodeError("--per-category must be >= 1")
@@ -342,6 +410,8 @@ def cmd_run(args) -> int:
             with_pard="pard" in heads,
             with_peagle="peagle" in heads,
         )
+    if llamacpp_dir is not None:
+        methods += runner.llamacpp_method_list(llamacpp_ks, precisions, draft is not None)
     if keep:
         methods = [m for m in methods if m.name in keep]
     if not methods:
@@ -369,11 +439,14 @@ def cmd_run(args) -> int:
     partial = os.path.join(args.out, "partial.jsonl")
     if args.fresh and os.path.isfile(partial):
         os.remove(partial)
-    vllm = None
+    vllm = llama = None
     try:
         if any(m.vllm for m in methods):
             vllm = _vllm_peers(args, vllm_python, target, draft, dec, methods)
             t0 = time.perf_counter()  # the run's time, not the engines' loading
+        if any(m.llamacpp for m in methods):
+            llama = _llamacpp_peers(llamacpp_dir, target, draft, dec, methods)
+            t0 = time.perf_counter()
         records = runner.run(
             dec,
             peers,
@@ -385,10 +458,13 @@ def cmd_run(args) -> int:
             partial,
             _signature(args, target, draft, dec, sets, methods, repeats, cap),
             vllm,
+            llama,
         )
     finally:
         if vllm is not None:
             vllm.close()
+        if llama is not None:
+            llama.close()
     elapsed = time.perf_counter() - t0
 
     prompts = {row["id"]: dec.encode(row["prompt"]) for rows in sets.values() for row in rows}
@@ -414,6 +490,16 @@ def cmd_run(args) -> int:
             "configuration, each loaded before the run; timed inside its worker "
             "from LLM.generate in to its last token out)."
         )
+    if llama is not None:
+        meta["llamacpp"] = {"folder": llamacpp_dir, "load_s": llama.load_s,
+                            "version": llama.version, "files": llama.files,
+                            "logs": llama.log_dir}  # fmt: skip
+        meta["setup"] += (
+            f" llama.cpp {llama.version} (built here from the llama-cpp-python sdist: "
+            "bench/llamacpp_env.sh), one llama-server per configuration, the prompt sent as "
+            "token ids to /completion without prompt caching, timed from the request sent to "
+            "the reply read."
+        )
     cells = report.aggregate(records, costs, mism)
     paths = report.write(cells, meta, args.out)
     _summary(cells)
@@ -423,6 +509,17 @@ def cmd_run(args) -> int:
         f"{paths['json']} and {paths['plots']}"
     )
     return 0
+
+
+def _llamacpp_peers(folder, target, draft, dec, methods):
+    """One llama-server per llama.cpp method (the GGUF files made or fetched first)."""
+    import torch
+
+    from .llamacpp_peer import LlamaCppPeers
+
+    configs = [(m.label, m.name, m.k, dict(m.opts)["precision"]) for m in methods if m.llamacpp]
+    context = min(dec.target.max_context, 8192)
+    return LlamaCppPeers(folder, target, draft, configs, torch.get_num_threads(), context)
 
 
 def _vllm_peers(args, python, target, draft, dec, methods):
@@ -574,6 +671,26 @@ def cmd_serve(args) -> int:
 
     args.concurrency = _ks(args.concurrency, "--concurrency")
     args.vllm_ngram_k = _ks(args.vllm_ngram_k, "--vllm-ngram-k")
+    args.peer = {p.strip() for p in args.peer.split(",") if p.strip()}
+    unknown = args.peer - {"vllm", "llamacpp"}
+    if unknown:
+        raise LeapDecodeError(
+            f"--peer takes vllm, llamacpp or vllm,llamacpp, not {sorted(unknown)[0]!r}"
+        )
+    args.llamacpp_draft_k = _ks(args.llamacpp_draft_k, "--llamacpp-draft-k", 256)
+    args.llamacpp_ngram_k = _ks(args.llamacpp_ngram_k, "--llamacpp-ngram-k", 256)
+    bad = {c.strip() for c in args.llamacpp_configs.split(",") if c.strip()}
+    bad -= {"none", "draft", "ngram"}
+    if bad:
+        raise LeapDecodeError(
+            f"--llamacpp-configs takes none, draft, ngram, not {sorted(bad)[0]!r}"
+        )
+    from .llamacpp_peer import PRECISIONS
+
+    if {p.strip().upper() for p in args.llamacpp_precision.split(",") if p.strip()} - set(
+        PRECISIONS
+    ):
+        raise LeapDecodeError(f"--llamacpp-precision takes {', '.join(PRECISIONS)}")
     bad = {c.strip() for c in (args.vllm_configs or "").split(",") if c.strip()} - {
         "none",
         "ngram",

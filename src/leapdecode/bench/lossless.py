@@ -2,9 +2,11 @@
 tie: where the reference's top-2 logits are closer than the dtype can tell apart.
 
 References: leapdecode `none` for leapdecode methods, `hf-generate` for the transformers
-peers, `vllm` (its plain decoding) for vLLM's speculative configurations, as for the other
-peers, and for the two plain decodings of other code: `hf-generate` for leapdecode `none`
-itself and leapdecode `none` for `vllm` (same checkpoint, other kernels).
+peers, `vllm` (its plain decoding) for vLLM's speculative configurations, `llamacpp P` for
+llama.cpp's at precision P, as for the other peers, and for the plain decodings of other code:
+`hf-generate` for leapdecode `none` itself and leapdecode `none` for `vllm` and for `llamacpp P`
+(same checkpoint at BF16, other kernels; at GGUF (quantized) other weights: its differences are
+reported, not forgiven).
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ def check(
                 ref = recs.get("none")
             elif r.name.startswith("vllm"):
                 ref = recs.get("vllm") or recs.get("none")
+            elif r.name == "llamacpp":
+                ref = recs.get("none")
+            elif r.name.startswith("llamacpp"):  # its plain decoding at the same precision
+                ref = recs.get("llamacpp " + label.rsplit(" ", 1)[-1]) or recs.get("none")
             else:
                 ref = recs.get("none" if not r.name.startswith("hf-") else "hf-generate")
             if ref is None:

@@ -41,7 +41,11 @@ def aggregate(records: list[Record], costs: dict, mismatches: dict) -> list[dict
             a = sum(r.accepted_by_position[i] for r in rs if i < len(r.accepted_by_position))
             by_pos.append(a / p if p else None)
         r0 = rs[0]
-        ours = not r0.name.startswith(("hf-", "vllm"))
+        ours = not r0.name.startswith(("hf-", "vllm", "llamacpp"))
+        # llama.cpp's methods are told apart by precision too: "llamacpp-draft BF16"
+        name = (
+            f"{r0.name} {label.rsplit(' ', 1)[-1]}" if r0.name.startswith("llamacpp") else r0.name
+        )
         alpha = accepted / proposed if proposed else None  # vLLM counts its drafts too
         c = costs.get("c") if r0.name == "draft" else 0.0
         decode = sum(r.propose_s + r.verify_s + r.accept_s for r in rs)
@@ -49,7 +53,7 @@ def aggregate(records: list[Record], costs: dict, mismatches: dict) -> list[dict
             {
                 "category": cat,
                 "method": label,
-                "name": r0.name,
+                "name": name,
                 "k": r0.k,
                 "ours": ours,
                 "prompts": len(rs),
@@ -120,6 +124,63 @@ def aggregate(records: list[Record], costs: dict, mismatches: dict) -> list[dict
     return cells
 
 
+def is_baseline(name: str) -> bool:
+    """Plain decoding (no k): ours, transformers', vLLM's, llama.cpp's at a precision."""
+    return name in BASELINES or name.split(" ")[0] == "llamacpp"
+
+
+def llamacpp_rows(cells: list[dict]) -> list[dict]:
+    """Per category, precision and method of ours with a llama.cpp counterpart (none, draft,
+    ngram), and ours at its fastest overall: each side at its best k, ours / theirs."""
+    from .llamacpp_peer import COUNTERPART as LLAMACPP_COUNTERPART
+
+    out = []
+    cats = list(dict.fromkeys(c["category"] for c in cells))
+    precisions = sorted({c["name"].split(" ")[1] for c in cells if c["name"].startswith("llama")})
+    for cat in cats:
+        fastest = max((c for c in cells if c["category"] == cat and c["ours"]),
+                      key=lambda c: c["tokens_per_s"], default=None)  # fmt: skip
+        for p in precisions:
+            theirs_best = max((c for c in cells if c["category"] == cat
+                               and c["name"].endswith(" " + p)),
+                              key=lambda c: c["tokens_per_s"], default=None)  # fmt: skip
+            pairs = [(best(cells, cat, ours), best(cells, cat, f"{theirs} {p}"))
+                     for ours, theirs in LLAMACPP_COUNTERPART.items()]  # fmt: skip
+            pairs.append((fastest, theirs_best))
+            for a, b in pairs:
+                if a and b:
+                    out.append({"category": cat, "precision": p, "ours": a, "llamacpp": b,
+                                "ratio": a["tokens_per_s"] / b["tokens_per_s"]})  # fmt: skip
+    return out
+
+
+def llamacpp_markdown(cells: list[dict]) -> list[str]:
+    rows = llamacpp_rows(cells)
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Against llama.cpp (its counterpart of each method, best k each; last row of a "
+        "precision: each side's fastest)",
+        "",
+        "tokens/s, request in to last token out, prefill included. BF16: a GGUF of the weights "
+        "we run; GGUF: the catalogue's own quantized file (other weights, what llama.cpp users "
+        "run).",
+        "",
+        "| category | precision | ours | tok/s | tok/fwd | llama.cpp | tok/s | tok/fwd "
+        "| ours / llama.cpp |",
+        "|---" * 9 + "|",
+    ]
+    for r in rows:
+        a, b = r["ours"], r["llamacpp"]
+        lines.append(
+            f"| {r['category']} | {r['precision']} | {a['name']}{_setting(a)} "
+            f"| {a['tokens_per_s']:.1f} | {_f(a['mean_accepted_tokens'])} | {b['method']} "
+            f"| {b['tokens_per_s']:.1f} | {_f(b['mean_accepted_tokens'])} | {_f(r['ratio'])} |"
+        )
+    return lines
+
+
 def vllm_rows(cells: list[dict]) -> list[dict]:
     """Per category and method of ours with a vLLM counterpart: each side at its best k,
     and ours / theirs (tokens/s)."""
@@ -157,7 +218,11 @@ def vllm_rows(cells: list[dict]) -> list[dict]:
 
 def _setting(c: dict) -> str:
     """A cell's setting: its label less the method's name (k=16, W3 N4 G3, ...)."""
-    return "" if c["name"] in BASELINES else f" ({c['method'].removeprefix(c['name'] + ' ')})"
+    if is_baseline(c["name"]):
+        return ""
+    if c["name"].startswith("llamacpp"):  # "llamacpp-draft k=3 BF16" -> "k=3"
+        return f" (k={c['k']})"
+    return f" ({c['method'].removeprefix(c['name'] + ' ')})"
 
 
 def vllm_markdown(cells: list[dict]) -> list[str]:
@@ -220,6 +285,7 @@ def markdown(cells: list[dict], meta: dict) -> str:
             )
         lines.append(f"| {name} | " + " | ".join(row) + " |")
     lines += vllm_markdown(cells)
+    lines += llamacpp_markdown(cells)
     looks = list(dict.fromkeys(c["method"] for c in cells if c["name"] == "lookahead"))
     if looks:
         lines += [
@@ -327,6 +393,19 @@ def plots(cells: list[dict], out_dir: str) -> list[str]:
         ax.legend(fontsize=8, ncol=2)
         paths.append(_save(fig, out_dir, "vs_vllm.png"))
 
+    rows = llamacpp_rows(cells)
+    if rows:  # ours / llama.cpp's counterpart at each precision, best k each
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        series = {}
+        for r in rows:
+            key = f"{r['ours']['name']} / {r['llamacpp']['name']}"
+            series.setdefault(key, dict.fromkeys(cats, 0.0))[r["category"]] = r["ratio"]
+        _grouped_bars(ax, cats, {name: list(got.values()) for name, got in series.items()})
+        ax.set_ylabel("tokens/s: ours / llama.cpp's (best k each)")
+        ax.set_title("leapdecode against llama.cpp, method by method (greedy)")
+        ax.legend(fontsize=7, ncol=2)
+        paths.append(_save(fig, out_dir, "vs_llamacpp.png"))
+
     for key, ylabel, fname in (
         ("mean_accepted_tokens", "tokens per target forward", "accepted_vs_k.png"),
         ("tokens_per_s", "tokens/s", "tokens_per_s_vs_k.png"),
@@ -340,13 +419,13 @@ def plots(cells: list[dict], out_dir: str) -> list[str]:
                     for c in cells
                     if c["category"] == cat and c["name"] == name and c[key] is not None
                 )
-                if name in BASELINES:
+                if is_baseline(name):
                     if pts and key == "tokens_per_s":
                         color = {"none": "black", "vllm": "tab:red"}.get(name, "grey")
                         ax.axhline(pts[0][1], ls="--", lw=1, label=name, color=color)
                     continue
                 if pts:
-                    ls = ":" if name.startswith("hf-") else "-." if name.startswith("vllm") else "-"
+                    ls = {"hf": ":", "vl": "-.", "ll": "--"}.get(name[:2], "-")
                     ax.plot(*zip(*pts, strict=True), marker="o", label=name, ls=ls)
             ax.set_title(cat)
             ax.set_xlabel("k")
@@ -361,7 +440,7 @@ def _grouped_bars(ax, cats: list[str], series: dict[str, list[float]]) -> None:
     width = 0.8 / max(1, len(series))
     for j, (name, ys) in enumerate(series.items()):
         xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(cats))]
-        hatch = "//" if name.startswith("hf-") else ".." if name.startswith("vllm") else None
+        hatch = {"hf": "//", "vl": "..", "ll": "xx"}.get(name[:2])
         ax.bar(xs, ys, width, label=name, hatch=hatch)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks(range(len(cats)), cats)

@@ -35,12 +35,14 @@ from ..api import LeapDecoder
 from ..config import SpecConfig
 from ..errors import LeapDecodeError
 from ..proposers import registry
+from .llamacpp_peer import NAMES as LLAMACPP_NAMES
 from .vllm_peer import NAMES
 
 # leapdecode method -> its Hugging Face transformers counterpart (vLLM's: vllm_peer.COUNTERPART)
 COUNTERPART = {"none": "hf-generate", "draft": "hf-assisted", "ngram": "hf-lookup"}
 PEERS = tuple(COUNTERPART.values())
 VLLM = NAMES  # vLLM's configurations (vllm_peer.py)
+LLAMACPP = LLAMACPP_NAMES  # llama.cpp's (llamacpp_peer.py), each at a precision
 BASELINES = ("none", "hf-generate", "vllm")  # no speculation: no k in the label
 
 
@@ -79,6 +81,9 @@ class Method:
 
     @property
     def label(self) -> str:
+        if self.llamacpp:  # "llamacpp GGUF", "llamacpp-draft k=3 BF16"
+            base = self.name if self.name == "llamacpp" else f"{self.name} k={self.k}"
+            return f"{base} {dict(self.opts)['precision']}"
         if self.name in BASELINES:
             return self.name
         if self.name == "lookahead":
@@ -99,11 +104,15 @@ class Method:
 
     @property
     def ours(self) -> bool:
-        return not self.name.startswith(("hf-", "vllm"))
+        return not self.name.startswith(("hf-", "vllm", "llamacpp"))
 
     @property
     def vllm(self) -> bool:
         return self.name.startswith("vllm")
+
+    @property
+    def llamacpp(self) -> bool:
+        return self.name.startswith("llamacpp")
 
 
 def lookahead(w: int, n: int, g: int) -> Method:
@@ -225,6 +234,20 @@ def vllm_method_list(
     return methods
 
 
+def llamacpp_method_list(ks: dict[str, list[int]], precisions, with_draft: bool) -> list[Method]:
+    """llama.cpp's configurations at each precision (GGUF, BF16): ks = {"llamacpp-draft":
+    [...], "llamacpp-ngram": [...]}; `llamacpp-ngram-mod` is its default configuration."""
+    methods = []
+    for p in precisions:
+        opts = (("precision", p),)
+        methods.append(Method("llamacpp", 0, opts))
+        if with_draft:
+            methods += [Method("llamacpp-draft", k, opts) for k in ks["llamacpp-draft"]]
+        methods += [Method("llamacpp-ngram", k, opts) for k in ks["llamacpp-ngram"]]
+        methods.append(Method("llamacpp-ngram-mod", 64, opts))
+    return methods
+
+
 @dataclass(frozen=True)
 class Generation:
     """How every method of a run generates: greedy (temperature 0) or sampled with one seed
@@ -243,12 +266,15 @@ class Generation:
         return dict(draft_min_prob=self.draft_min_prob, verify=verify, **sampled)
 
 
-def _run_once(dec: LeapDecoder, peers, m: Method, ids, max_new: int, gen: Generation, vllm=None):
+def _run_once(
+    dec: LeapDecoder, peers, m: Method, ids, max_new: int, gen: Generation, vllm=None, llamacpp=None
+):
     """(seconds, tokens, stats, target forwards): stats are ours, {"proposed", "accepted"}
-    for vLLM (its own counters), None for transformers."""
+    for vLLM and llama.cpp (their own counters), None for transformers."""
     gc.collect()  # no method pays for garbage another one left
-    if m.vllm:  # timed inside the vLLM worker, around LLM.generate
-        secs, tokens, forwards, proposed, accepted = vllm.generate(
+    if m.vllm or m.llamacpp:  # vLLM: timed inside its worker; llama.cpp: around the request
+        peer = vllm if m.vllm else llamacpp
+        secs, tokens, forwards, proposed, accepted = peer.generate(
             m.label, ids, max_new, gen.temperature, gen.seed
         )
         return secs, tokens, {"proposed": proposed, "accepted": accepted}, forwards
@@ -345,9 +371,11 @@ def run(
     partial: str | None = None,
     signature: dict | None = None,
     vllm=None,
+    llamacpp=None,
 ) -> list[Record]:
     """partial: file that keeps finished prompts' records; resumed when its signature matches;
-    vllm: the vLLM peers (vllm_peer.VllmPeers) when methods hold any."""
+    vllm / llamacpp: the vLLM / llama.cpp peers (VllmPeers, LlamaCppPeers) when methods hold
+    any."""
     done = load_partial(partial, signature or {})
     if partial and not done:
         os.makedirs(os.path.dirname(os.path.abspath(partial)), exist_ok=True)
@@ -359,7 +387,7 @@ def run(
     first = next(iter(sets.values()))[0]
     warm_ids = dec.encode(first["prompt"])
     for m in methods:  # warm-up: allocator, oneDNN kernels, caches
-        _run_once(dec, peers, m, warm_ids, 16, gen, vllm)
+        _run_once(dec, peers, m, warm_ids, 16, gen, vllm, llamacpp)
 
     with _frozen_heap():
         records: list[Record] = []
@@ -391,7 +419,7 @@ def run(
                     for m in round_order(methods, rep):
                         bar.set_postfix_str(f"{cat} {row['id']} {m.label}")
                         secs, tokens, stats, forwards = _run_once(
-                            dec, peers, m, ids, max_new, gen, vllm
+                            dec, peers, m, ids, max_new, gen, vllm, llamacpp
                         )
                         r = recs[m]
                         r.seconds.append(secs)

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 
 from tqdm import tqdm
@@ -45,6 +45,7 @@ class Config:
     label: str
     speculation: dict | None  # our request's `speculation`; None: a peer's server
     url: str | None = None  # a peer's own server (None: ours)
+    peer: str | None = None  # "vllm" | "llamacpp" for a peer's server
 
 
 def configs(
@@ -103,7 +104,7 @@ def _one_request(client, model: str, row: dict, spec: dict | None) -> dict:
     t0 = time.perf_counter()
     first = None
     stamps = []
-    usage = spec_stats = None
+    usage = spec_stats = timings = None
     stream = client.completions.create(
         model=model,
         prompt=row["prompt"],
@@ -122,6 +123,7 @@ def _one_request(client, model: str, row: dict, spec: dict | None) -> dict:
         if getattr(chunk, "usage", None):
             usage = chunk.usage
             spec_stats = (chunk.model_extra or {}).get("speculation")
+        timings = (chunk.model_extra or {}).get("timings") or timings  # llama-server's
     end = time.perf_counter()
     tokens = usage.completion_tokens if usage else 0
     itl = (end - t0 - (first or 0)) / max(1, tokens - 1)
@@ -131,6 +133,7 @@ def _one_request(client, model: str, row: dict, spec: dict | None) -> dict:
         "tokens": tokens,
         "seconds": end - t0,
         "spec": spec_stats,
+        "timings": timings,
     }
 
 
@@ -173,7 +176,7 @@ def run_load(
     n_requests: int,
     start: int,
 ) -> dict:
-    """One load run of a configuration; a vLLM peer's server is woken for it (vllm_serve.awake)."""
+    """One load run of a configuration; a peer's server is woken for it (vllm_serve.awake)."""
     if cfg.url is None:
         return _run_load(url, model, rows, cfg, concurrency, n_requests, start)
     from .vllm_serve import awake
@@ -195,7 +198,7 @@ def _run_load(
 
     local = threading.local()
     url = cfg.url or url
-    if cfg.url is not None:  # a peer's server
+    if cfg.peer == "vllm":
         from .vllm_serve import SERVED_NAME, spec_counts
 
         model = SERVED_NAME
@@ -216,9 +219,15 @@ def _run_load(
     tokens = sum(r["tokens"] for r in results)
     fwd = [r["spec"] for r in results if r["spec"]]
     mat = statistics.mean(s["mean_accepted_tokens"] for s in fwd) if fwd else 0.0
-    if cfg.url is not None:  # vLLM: tokens per decode step, from its counters
-        after = spec_counts(url)
-        requests, tokens_out, accepted = (a - b for a, b in zip(after, before, strict=True))
+    if cfg.peer is not None:  # tokens per decode step, from the peer's own counters
+        if cfg.peer == "vllm":
+            after = spec_counts(url)
+            requests, tokens_out, accepted = (a - b for a, b in zip(after, before, strict=True))
+        else:  # llama.cpp: each reply's timings (tokens predicted, drafts accepted)
+            ts = [r["timings"] or {} for r in results]
+            requests = len(ts)
+            tokens_out = sum(t.get("predicted_n", 0) for t in ts)
+            accepted = sum(t.get("draft_n_accepted", 0) for t in ts)
         steps = tokens_out - requests - accepted  # each request's first token is its prefill's
         mat = (tokens_out - requests) / steps if steps > 0 else 1.0
     return {
@@ -347,8 +356,13 @@ def cmd_serve_bench(args) -> int:
         if args.url
         else local_server(args, ("--suffix-max-cached-requests", "0"))
     )
-    peer = _vllm_peer(args) if args.peer == "vllm" else nullcontext([])
-    with server as (url, _), peer as peer_cfgs:
+    peers = ExitStack()
+    with server as (url, _), peers:
+        peer_cfgs = []
+        if "vllm" in args.peer:
+            peer_cfgs += peers.enter_context(_vllm_peer(args))
+        if "llamacpp" in args.peer:
+            peer_cfgs += peers.enter_context(_llamacpp_peer(args))
         info = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]
         model = info["id"]
         has_draft = not args.no_draft and (args.url is not None or _local_draft(args))
@@ -438,7 +452,54 @@ def _vllm_peer(args):
     with vllm_servers(
         python, target, cfgs, dtype, max(args.concurrency), threads, os.path.join(LOGS, "serve")
     ) as urls:
-        yield [Config(label, None, urls[label]) for label, _ in cfgs]
+        yield [Config(label, None, urls[label], "vllm") for label, _ in cfgs]
+
+
+@contextmanager
+def _llamacpp_peer(args):
+    """llama.cpp's servers for --peer llamacpp, one per configuration and precision, each with
+    as many slots (--parallel) as the highest concurrency: yields their Configs."""
+    from ..resolve import resolve_models
+    from ..threads import available_cores
+    from .llamacpp_peer import HINT, LOGS, Server, find_dir, gguf_for, server_args, version
+    from .vllm_serve import SERVER_PIDS
+
+    folder = find_dir(args.llamacpp)
+    if folder is None:
+        raise LeapDecodeError(f"--peer llamacpp: no llama.cpp build found. {HINT}")
+    print(f"llama.cpp {version(folder)} from {folder}")
+    target, draft = resolve_models(args.target, args.draft)
+    want = {c.strip() for c in args.llamacpp_configs.split(",") if c.strip()}
+    rows = []
+    for p in (x.strip().upper() for x in args.llamacpp_precision.split(",") if x.strip()):
+        if "none" in want:
+            rows.append((f"llamacpp none {p}", "llamacpp", 0, p))
+        if "draft" in want and draft is not None and not args.no_draft:
+            rows += [(f"llamacpp draft k={k} {p}", "llamacpp-draft", k, p)
+                     for k in args.llamacpp_draft_k]  # fmt: skip
+        if "ngram" in want:
+            rows += [(f"llamacpp ngram k={k} {p}", "llamacpp-ngram", k, p)
+                     for k in args.llamacpp_ngram_k]  # fmt: skip
+    threads = args.threads or max(1, available_cores() - 1)  # as our server gets
+    context = 4096
+    servers = []
+    try:
+        for label, name, k, p in tqdm(rows, desc="starting llama-server", unit="server"):
+            draft_gguf = gguf_for(draft, p, folder) if name == "llamacpp-draft" else None
+            s = Server(folder, gguf_for(target, p, folder), server_args(name, k, draft_gguf),
+                       threads, context, os.path.join(LOGS, "serve", label.replace(" ", "_")
+                       .replace("=", "") + ".log"), parallel=max(args.concurrency))  # fmt: skip
+            servers.append(s)
+            SERVER_PIDS[s.url] = s.proc.pid
+            s.idle()  # until its turn (vllm_serve.awake)
+        yield [
+            Config(label, None, s.url, "llamacpp")
+            for (label, *_), s in zip(rows, servers, strict=True)
+        ]
+    finally:
+        for s in servers:
+            SERVER_PIDS.pop(s.url, None)
+            s.close()
 
 
 def _local_draft(args) -> bool:
@@ -476,10 +537,20 @@ def summarize(cells, cfgs, levels) -> list[dict]:
             )
     for row in out:
         same = [r for r in out if r["concurrency"] == row["concurrency"]]
-        base_label = "vllm none" if row["config"].startswith("vllm") else "none"
+        base_label = (
+            "vllm none"
+            if row["config"].startswith("vllm")
+            else f"llamacpp none {row['config'].rsplit(' ', 1)[-1]}"
+            if row["config"].startswith("llamacpp")
+            else "none"
+        )
         base = next((r for r in same if r["config"] == base_label), None)
         row["vs_none"], row["vs_none_rounds"] = _paired(row, base)
-        fixed = [r for r in same if r["config"] != "auto" and not r["config"].startswith("vllm")]
+        fixed = [
+            r
+            for r in same
+            if r["config"] != "auto" and not r["config"].startswith(("vllm", "llamacpp"))
+        ]
         best = max(fixed, key=lambda r: r["throughput"], default=None)
         row["best_fixed"] = best["config"] if best else None
         row["vs_best_fixed"], row["vs_best_fixed_rounds"] = _paired(row, best)
@@ -559,40 +630,10 @@ def write(summary: list[dict], meta: dict, out_dir: str) -> None:
             f"| {auto['vs_best_fixed']:.2f} ({min(spread):.2f}-{max(spread):.2f}) "
             f"| {auto['vs_none']:.2f} | {vs_table} |"
         )
-    peers = [label for label in labels if label.startswith("vllm")]
-    if peers:
-        lines += [
-            "",
-            "## `auto` against vLLM's configurations",
-            "",
-            "auto / vLLM configuration throughput at the same concurrency: the median of "
-            "the per-round ratios (their range); the last column is vLLM's best "
-            "configuration at that concurrency.",
-            "",
-            "| concurrency | " + " | ".join(peers) + " | auto / vLLM's best |",
-            "|---|" + "---|" * (len(peers) + 1),
-        ]
-        for c in levels:
-            auto = get.get(("auto", c))
-            theirs = [get[(p, c)] for p in peers if (p, c) in get]
-            if auto is None or not theirs:
-                continue
-            cells = []
-            for p in peers:
-                r = get.get((p, c))
-                ratio, rounds = _paired(auto, r)
-                cells.append(
-                    "-"
-                    if r is None
-                    else f"{ratio:.2f} ({min(rounds or [ratio]):.2f}-{max(rounds or [ratio]):.2f})"
-                )
-            best = max(theirs, key=lambda r: r["throughput"])
-            ratio, rounds = _paired(auto, best)
-            cells.append(
-                f"**{ratio:.2f}** ({best['config'].removeprefix('vllm ')}; "
-                f"{min(rounds or [ratio]):.2f}-{max(rounds or [ratio]):.2f})"
-            )
-            lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    for prefix, who in (("vllm", "vLLM"), ("llamacpp", "llama.cpp")):
+        peers = [label for label in labels if label.startswith(prefix)]
+        if peers:
+            lines += _peer_table(get, levels, peers, prefix, who)
     lines += [
         "",
         "## Latency (seconds): time to first token p50 / p90, inter-token p50 / p90",
@@ -612,6 +653,43 @@ def write(summary: list[dict], meta: dict, out_dir: str) -> None:
     _plots(summary, levels, labels, out_dir)
 
 
+def _peer_table(get, levels, peers, prefix, who) -> list[str]:
+    """`auto` / each of a peer's configurations at each concurrency, and / its best."""
+    lines = [
+        "",
+        f"## `auto` against {who}'s configurations",
+        "",
+        f"auto / {who} configuration throughput at the same concurrency: the median of "
+        f"the per-round ratios (their range); the last column is {who}'s best "
+        "configuration at that concurrency.",
+        "",
+        "| concurrency | " + " | ".join(peers) + f" | auto / {who}'s best |",
+        "|---|" + "---|" * (len(peers) + 1),
+    ]
+    for c in levels:
+        auto = get.get(("auto", c))
+        theirs = [get[(p, c)] for p in peers if (p, c) in get]
+        if auto is None or not theirs:
+            continue
+        cells = []
+        for p in peers:
+            r = get.get((p, c))
+            ratio, rounds = _paired(auto, r)
+            cells.append(
+                "-"
+                if r is None
+                else f"{ratio:.2f} ({min(rounds or [ratio]):.2f}-{max(rounds or [ratio]):.2f})"
+            )
+        best = max(theirs, key=lambda r: r["throughput"])
+        ratio, rounds = _paired(auto, best)
+        cells.append(
+            f"**{ratio:.2f}** ({best['config'].removeprefix(prefix + ' ')}; "
+            f"{min(rounds or [ratio]):.2f}-{max(rounds or [ratio]):.2f})"
+        )
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _plots(summary, levels, labels, out_dir) -> None:
     import matplotlib
 
@@ -627,6 +705,8 @@ def _plots(summary, levels, labels, out_dir) -> None:
             if label == "auto"
             else dict(lw=1.2, ls="--")
             if label.startswith("vllm")
+            else dict(lw=1.2, ls=":")
+            if label.startswith("llamacpp")
             else dict(lw=1.2)
         )
         ax.plot(xs, [get[(label, c)]["throughput"] for c in xs], "o-", label=label, **style)
@@ -688,10 +768,24 @@ def add_parser(what, model_args, prompts_dir: str) -> None:
     sv.add_argument("--out", default=os.path.join("docs", "bench", "serve"))
     sv.add_argument(
         "--peer",
-        choices=("vllm",),
-        default=None,
-        help="also load-test `vllm serve` (one server per configuration) beside ours",
+        default="",
+        help="also load-test peers' servers beside ours, one server per configuration: "
+        "vllm (`vllm serve`), llamacpp (`llama-server`), or vllm,llamacpp",
     )
+    sv.add_argument(
+        "--llamacpp",
+        default=None,
+        metavar="DIR",
+        help="llama.cpp's folder (default: $LEAPDECODE_LLAMACPP, else .llamacpp)",
+    )
+    sv.add_argument(
+        "--llamacpp-configs",
+        default="none,draft,ngram",
+        help="llama-server configurations: none, draft, ngram (comma-separated)",
+    )
+    sv.add_argument("--llamacpp-precision", default="GGUF", help="GGUF, BF16, or GGUF,BF16")
+    sv.add_argument("--llamacpp-draft-k", default="3", help="llama.cpp's --spec-draft-n-max")
+    sv.add_argument("--llamacpp-ngram-k", default="64", help="its n-max for ngram-simple")
     sv.add_argument(
         "--vllm-python",
         default=None,

@@ -9,7 +9,10 @@ Categories (Spec-Bench style, for code):
 - revision:   a snippet, an instruction comment (rename an identifier), and the start of
               the revised snippet; the expected rest of the revision sets max_new_tokens;
 - grounded:   a long module excerpt, then the start of its test file that uses its names;
-- free:       a signature and docstring only, little to copy.
+- free:       a signature and docstring only, little to copy;
+- chat:       a user's request to an instruct model, the chat template applied when the run
+              loads it: "write a function that ...", "fix this bug", "add type hints to this"
+              (the code: revision snippets and small functions written here).
 
 Regenerate: `leapdecode bench prompts` (writes bench/prompts/<category>.jsonl).
 """
@@ -25,8 +28,9 @@ import textwrap
 from .. import code_edits
 from ..errors import LeapDecodeError
 
-CATEGORIES = ("completion", "revision", "grounded", "free")
-MAX_NEW_TOKENS = {"completion": 128, "revision": 192, "grounded": 128, "free": 128}
+CATEGORIES = ("completion", "revision", "grounded", "free", "chat")
+TEXT = CATEGORIES[:4]  # prompts as text; chat's are messages until chat_prompts applies a template
+MAX_NEW_TOKENS = {"completion": 128, "revision": 192, "grounded": 128, "free": 128, "chat": 256}
 PROMPT_CHARS = {"completion": 2000, "grounded": 2600}
 
 
@@ -188,11 +192,71 @@ def build(
         "grounded": grounded(files, random.Random(seed + 2), per_category, used),
         "free": free(files, random.Random(seed + 3), per_category, used),
     }
+    sets["chat"] = chat(sets["revision"])
     for cat, rows in sets.items():
         for row in rows:
+            if cat == "chat":
+                continue
             row.setdefault("max_new_tokens", MAX_NEW_TOKENS[cat])
             _end_inside_line(row, tokenizer)
     return sets
+
+
+WRITE = (
+    "Write a Python function `merge_intervals(intervals)` that merges overlapping closed "
+    "intervals given as (start, end) tuples and returns them sorted. Include a docstring.",
+    "Write a Python function that reads a CSV file and returns a dict mapping each value of "
+    "the `category` column to the sum of the `amount` column for that category.",
+    "Write a Python class `LRUCache` with `get(key)` and `put(key, value)` methods and a fixed "
+    "capacity, evicting the least recently used entry.",
+)
+BUGGY = (
+    (
+        "This function should return the n-th Fibonacci number (fib(0) == 0, fib(1) == 1), "
+        "but fib(5) returns 8. Fix this bug and show the corrected function.",
+        "def fib(n):\n    a, b = 1, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
+        "    return a\n",
+    ),
+    (
+        "This function should return the words that appear in both lists, in the order of the "
+        "first list and without duplicates, but it sometimes returns duplicates. Fix this bug.",
+        "def common_words(first, second):\n    result = []\n    seen = set(second)\n"
+        "    for word in first:\n        if word in seen:\n            result.append(word)\n"
+        "    return result\n",
+    ),
+)
+
+
+def chat(revision_rows: list[dict], n_hints: int = 3) -> list[dict]:
+    """Chat requests (see the module's docstring): "write", "fix" and "hints" kinds."""
+    fix = [f"{why}\n\n```python\n{code}```" for why, code in BUGGY]
+    hints = []
+    for row in revision_rows[:n_hints]:
+        code = row["prompt"].split("# Task")[0].removeprefix("# Original:\n").strip()
+        hints.append(
+            f"Add type hints to this function; change nothing else.\n\n```python\n{code}\n```"
+        )
+    kinds = [list(WRITE), fix, hints]
+    asks = [k[i] for i in range(max(map(len, kinds))) for k in kinds if i < len(k)]  # interleaved
+    return [
+        {
+            "id": f"chat-{i}",
+            "messages": [{"role": "user", "content": text}],
+            "max_new_tokens": MAX_NEW_TOKENS["chat"],
+        }
+        for i, text in enumerate(asks)
+    ]
+
+
+def chat_prompts(sets: dict[str, list[dict]], tokenizer, name: str) -> None:
+    """Each chat row's prompt: its messages through the tokenizer's chat template, as token
+    ids (a model without a template is a clear error naming the category)."""
+    from ..chat import chat_ids
+
+    for row in sets.get("chat", []):
+        row["prompt"] = chat_ids(
+            tokenizer, row["messages"], name, hint="leave `chat` out of --categories"
+        )
 
 
 def _end_inside_line(row: dict, tokenizer) -> None:
@@ -220,7 +284,7 @@ def save(sets: dict[str, list[dict]], out_dir: str) -> list[str]:
     return paths
 
 
-def load(prompt_dir: str, categories=CATEGORIES) -> dict[str, list[dict]]:
+def load(prompt_dir: str, categories=TEXT) -> dict[str, list[dict]]:
     sets = {}
     for cat in categories:
         path = os.path.join(prompt_dir, f"{cat}.jsonl")

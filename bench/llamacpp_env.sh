@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# llama.cpp built here, for the llama.cpp peers of `leapdecode bench run` / `bench serve`
+# (docs/llamacpp.md). PyPI carries llama.cpp's whole source inside the llama-cpp-python sdist
+# (vendor/llama.cpp): it is downloaded (sha256 pinned), unpacked and built with cmake.
+#   bash bench/llamacpp_env.sh [DIR]    (default: .llamacpp in the repository; about 15 minutes
+#                                        on two cores, 300 MB)
+# DIR/bin holds llama-server, llama-bench and llama-speculative; DIR/src/vendor/llama.cpp holds
+# convert_hf_to_gguf.py (`leapdecode.bench.llamacpp_peer` makes BF16 GGUFs with it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR="${1:-.llamacpp}"
+VERSION=0.3.36
+SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+PY="${PYTHON:-python3}"
+JOBS="${JOBS:-$(nproc)}"
+mkdir -p "$DIR"
+DIR="$(cd "$DIR" && pwd)"
+SDIST="$DIR/llama_cpp_python-$VERSION.tar.gz"
+if [ ! -f "$SDIST" ]; then
+  echo "downloading llama-cpp-python $VERSION's source from PyPI (76 MB)"
+  "$PY" -m pip download --quiet --no-deps --no-binary :all: --no-build-isolation \
+    "llama-cpp-python==$VERSION" -d "$DIR" \
+    || "$PY" -m pip download --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$DIR"
+fi
+echo "$SHA256  $SDIST" | sha256sum -c --quiet - \
+  || { echo "the sdist's sha256 is not the pinned one: delete $SDIST and run again"; rm -f "$SDIST"; exit 1; }
+if [ ! -d "$DIR/src/vendor/llama.cpp" ]; then
+  rm -rf "$DIR/src" && mkdir -p "$DIR/src"
+  tar -xzf "$SDIST" -C "$DIR/src" --strip-components=1
+fi
+echo "building llama.cpp (cmake, $JOBS jobs; about 15 minutes on two cores)"
+cmake -S "$DIR/src/vendor/llama.cpp" -B "$DIR/build" -DCMAKE_BUILD_TYPE=Release \
+  -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF \
+  > "$DIR/cmake.log" 2>&1 || { tail -30 "$DIR/cmake.log"; exit 1; }
+cmake --build "$DIR/build" -j "$JOBS" --target llama-server llama-bench llama-speculative \
+  2>&1 | grep --line-buffered -E '^\[ *[0-9]+%\]' | awk 'NR % 20 == 0 {print; fflush()}'
+mkdir -p "$DIR/bin"
+for b in llama-server llama-bench llama-speculative; do
+  cp "$DIR/build/bin/$b" "$DIR/bin/$b"
+done
+# convert_hf_to_gguf.py imports sentencepiece even for BPE tokenizers, and its own gguf-py
+"$PY" -m pip install --quiet sentencepiece || echo "note: pip could not install sentencepiece; BF16 GGUFs cannot be made"
+"$DIR/bin/llama-server" --version 2>&1 | head -2
+echo "llama.cpp ready in $DIR/bin"
