@@ -1,8 +1,18 @@
-"""Where one decode step and one verify step of the embedded target go, against the machine's
-ceiling at these shapes.
+"""Where one decode step and one verify step of a target go, against the machine's ceiling at
+these shapes.
 
     python bench/step_profile.py [--dtypes float32,bfloat16] [--reps 300] [--threads 1]
                                  [--no-compiled] [--out docs/step_profile]
+    python bench/step_profile.py --target qwen2.5-coder-1.5b-instruct --rows 1,5,9,17 \
+        --context 512 --reps 20 --threads 2 --no-compiled --llama-bench \
+        --out docs/bench/real/step_profile_1.5b
+
+On a real target (`--target`, a catalogue name or a folder) the LM head's matmul is timed
+apart at each row count (its own share of the matmuls), each step's bytes of weights over
+the measured bandwidth give its floor (the share of the bandwidth ceiling it reaches), and
+`--llama-bench` runs llama.cpp's own llama-bench (built by bench/llamacpp_env.sh) on the same
+model's GGUF files: its decode step, and its batches of 4, 8 and 16 tokens, the cost of its
+verify rows.
 
 Steps, each after a 128-token cached context and rolled back after (every repetition sees the
 same state): a decode step (1 row), a chain verify (17 rows: k = 16 plus the root) and a
@@ -39,7 +49,7 @@ from tqdm import tqdm
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "src"))
 
-CONTEXT = 128
+CONTEXT = 128  # tokens cached before each step (--context)
 
 # an operation's name -> kind (first pattern that the lower-case name holds)
 KINDS = [  # attention first: "scaled_dot_product_attention" holds "dot" too
@@ -75,14 +85,18 @@ def tree_inputs(batch: int = 1):
     return mask, depths(mask)
 
 
-def steps(vocab: int):
+def steps(vocab: int, rows=(1, 17)):
+    """A decode step (1 row), a chain verify of each other row count, and a 17-node tree
+    verify when 17 rows are asked for."""
     g = torch.Generator().manual_seed(1)
-    mask, depth = tree_inputs()
-    return {
-        "decode (1 row)": (torch.randint(0, vocab, (1, 1), generator=g), None, None),
-        "chain verify (17 rows)": (torch.randint(0, vocab, (1, 17), generator=g), None, None),
-        "tree verify (17 nodes)": (torch.randint(0, vocab, (1, 17), generator=g), mask, depth),
-    }
+    out = {}
+    for n in rows:
+        name = "decode (1 row)" if n == 1 else f"chain verify ({n} rows)"
+        out[name] = (torch.randint(0, vocab, (1, n), generator=g), None, None)
+    if 17 in rows:
+        mask, depth = tree_inputs()
+        out["tree verify (17 nodes)"] = (torch.randint(0, vocab, (1, 17), generator=g), mask, depth)
+    return out
 
 
 def time_step(model, tokens, tree, offsets, slot) -> float:
@@ -91,6 +105,34 @@ def time_step(model, tokens, tree, offsets, slot) -> float:
     dt = time.perf_counter() - t0
     model.truncate(slot, torch.tensor([CONTEXT]))
     return dt
+
+
+def lm_head_ms(model, rows: int, reps: int) -> float:
+    """The LM head's matmul alone at `rows` rows (median ms): its share of a step's matmuls."""
+    from leapdecode.models.llama import _linear
+
+    head = getattr(model, "lm_head", None)
+    if head is None:
+        return float("nan")
+    hidden = model.config.hidden_size
+    x = torch.randn(1, rows, hidden).to(head.dtype)
+    times = []
+    for _ in range(reps + 2):
+        t0 = time.perf_counter()
+        _linear(x, head, None)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[2:]) * 1e3
+
+
+def step_bytes(config, context: int, itemsize: int) -> float:
+    """Bytes a step must read: every weight once (linear layers and the LM head: half the
+    flops of flops_per_row without attention) and the cached keys and values."""
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    d = config.hidden_size // heads
+    weights = flops_per_row(config, 0) / 2
+    cache = config.num_hidden_layers * 2 * kv * d * context
+    return (weights + cache) * itemsize
 
 
 def profile_step(model, tokens, tree, offsets, slot, reps: int, wall_s: float) -> dict:
@@ -150,7 +192,7 @@ def bandwidth_gbs() -> float:
     return 2 * src.numel() * 4 / min(times) / 1e9  # read + write
 
 
-def engine_share(target: str, dtype: str, threads: int) -> dict:
+def engine_share(target: str, dtype: str, threads: int, tokens: int = 128) -> dict:
     """Share of LeapDecoder.generate outside the target's forwards, none and ngram k=16."""
     from leapdecode.api import LeapDecoder
 
@@ -170,10 +212,10 @@ def engine_share(target: str, dtype: str, threads: int) -> dict:
     prompt = "def count_words(text):\n    counts = {}\n    for word in text.split():\n"
     out = {}
     for method, k in (("none", 1), ("ngram", 16)):
-        dec.generate(prompt, method=method, k=k, max_new_tokens=128)  # warm-up
+        dec.generate(prompt, method=method, k=k, max_new_tokens=16)  # warm-up
         spent[0] = 0.0
         t0 = time.perf_counter()
-        r = dec.generate(prompt, method=method, k=k, max_new_tokens=128)
+        r = dec.generate(prompt, method=method, k=k, max_new_tokens=tokens)
         total = time.perf_counter() - t0
         fwd = r.stats.target_forwards
         out[method] = {"total_ms_per_forward": 1e3 * total / fwd,
@@ -184,11 +226,51 @@ def engine_share(target: str, dtype: str, threads: int) -> dict:
     return out
 
 
+def llama_bench(model: str, threads: int, context: int) -> dict:
+    """llama.cpp's own llama-bench on this model's GGUF files (GGUF and BF16): its decode step
+    and its batches of 4, 8 and 16 tokens after `context` cached tokens, ms each."""
+    import subprocess
+
+    from leapdecode.bench.llamacpp_peer import binary, find_dir, gguf_for
+
+    folder = find_dir(None)
+    if folder is None:
+        print("llama.cpp is not built here (bash bench/llamacpp_env.sh): no llama-bench rows")
+        return {}
+    out = {}
+    for precision in ("GGUF", "BF16"):
+        path = gguf_for(model, precision, folder)
+        cmd = [binary(folder, "llama-bench"), "-m", path, "-t", str(threads), "-p", "4,8,16",
+               "-n", "32", "-d", str(context), "-r", "3", "-o", "json"]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"llama-bench failed on {path}: {done.stderr.strip().splitlines()[-1:]}")
+            continue
+        tests = json.loads(done.stdout)
+        ms = {}
+        for t in tests:
+            n = t["n_gen"] or t["n_prompt"]
+            rows = 1 if t["n_gen"] else t["n_prompt"]
+            ms[rows] = 1e3 * n / t["avg_ts"] / (n if t["n_gen"] else 1)
+        out[precision] = {"file": path, "bytes": os.path.getsize(path), "ms": ms,
+                          "command": " ".join(cmd)}  # fmt: skip
+    return out
+
+
 def main() -> int:
+    global CONTEXT
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default=None,
+                    help="a catalogue name or a folder (default: the embedded target)")  # fmt: skip
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--rows", default="1,17", help="rows per step: 1 (decode), k + 1 (verify)")
+    ap.add_argument("--context", type=int, default=CONTEXT, help="tokens cached before a step")
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--engine-tokens", type=int, default=128,
+                    help="tokens of the engine's generate runs (its Python's share)")  # fmt: skip
+    ap.add_argument("--llama-bench", action="store_true",
+                    help="also llama.cpp's llama-bench on the model's GGUF files")  # fmt: skip
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "step_profile"))
     ap.add_argument("--no-compiled", dest="compiled", action="store_false",
                     help="time the eager forward only")  # fmt: skip
@@ -197,19 +279,25 @@ def main() -> int:
     from leapdecode.models import load_model
     from leapdecode.models.loader import load_config
     from leapdecode.paths import TARGET_NAME, default_model
+    from leapdecode.resolve import resolve_models
 
+    CONTEXT = args.context
+    row_counts = sorted({1, *(int(x) for x in args.rows.split(","))})
     torch.set_num_threads(args.threads)
-    target = default_model(TARGET_NAME)
+    target = resolve_models(args.target, None)[0] if args.target else default_model(TARGET_NAME)
     config = load_config(target)
     slot = torch.tensor([0])
     g = torch.Generator().manual_seed(0)
     context = torch.randint(0, config.vocab_size, (1, CONTEXT), generator=g)
-    result = {"threads": args.threads, "context": CONTEXT, "dtypes": {}}
+    bandwidth = bandwidth_gbs()
+    result = {"target": args.target or TARGET_NAME, "threads": args.threads, "context": CONTEXT,
+              "bandwidth_gbs": bandwidth, "flops_per_row": flops_per_row(config, CONTEXT),
+              "dtypes": {}}  # fmt: skip
     for dtype in args.dtypes.split(","):
         model = load_model(target, dtype=dtype)
-        model.allocate(1, CONTEXT + 32)
+        model.allocate(1, CONTEXT + max(row_counts) + 8)
         model.forward(context, slot)
-        todo = steps(config.vocab_size)
+        todo = steps(config.vocab_size, row_counts)
         times = {name: [] for name in todo}
         compiled_times = {name: [] for name in todo}
         compiled = None
@@ -223,34 +311,43 @@ def main() -> int:
                     model.compiled = compiled
                     compiled_times[name].append(time_step(model, tokens, tree, offsets, slot))
                     model.compiled = None
+        td = getattr(torch, dtype)
+        floor_ms = step_bytes(config, CONTEXT, td.itemsize) / bandwidth / 1e6
         rows = {}
-        for name, (tokens, tree, offsets) in todo.items():
+        for name, (tokens, tree, offsets) in tqdm(todo.items(), desc=f"{dtype}: profiling"):
             wall = statistics.median(times[name])
-            prof = profile_step(model, tokens, tree, offsets, slot, max(20, args.reps // 5), wall)
+            prof = profile_step(model, tokens, tree, offsets, slot, max(5, args.reps // 5), wall)
             n_rows = tokens.shape[1]
+            head = lm_head_ms(model, n_rows, max(5, args.reps // 2))
+            by = prof["by_kind"]
+            if head == head and "matmul" in by:  # the LM head's part of the matmuls
+                by["matmul (LM head)"] = min(head, by["matmul"])
+                by["matmul"] -= by["matmul (LM head)"]
             rows[name] = {"ms": wall * 1e3, "rows": n_rows,
                           "gflops": flops_per_row(config, CONTEXT) * n_rows / wall / 1e9,
-                          **prof}  # fmt: skip
+                          "bandwidth_share": floor_ms / (wall * 1e3),
+                          "lm_head_ms": head, **prof}  # fmt: skip
             if compiled is not None:
                 c = statistics.median(compiled_times[name])
                 rows[name]["compiled"] = {
                     "ms": c * 1e3, "gflops": flops_per_row(config, CONTEXT) * n_rows / c / 1e9
                 }  # fmt: skip
-        td = getattr(torch, dtype)
         h, inter, v = config.hidden_size, config.intermediate_size, config.vocab_size
-        ceiling = {
-            "large square 1024^3": matmul_gflops(1024, 1024, 1024, td, 10),
-            f"1 x {h} x {3 * h} (qkv, decode)": matmul_gflops(1, h, 3 * h, td, 2000),
-            f"1 x {h} x {2 * inter} (gate/up, decode)": matmul_gflops(1, h, 2 * inter, td, 2000),
-            f"1 x {h} x {v} (LM head, decode)": matmul_gflops(1, h, v, td, 500),
-            f"17 x {h} x {2 * inter} (gate/up, verify)": matmul_gflops(17, h, 2 * inter, td, 2000),
-        }
+        ceiling = {"large square 1024^3": matmul_gflops(1024, 1024, 1024, td, 10)}
+        for n in row_counts:
+            reps = 200 if h * inter < 2**24 else 20
+            ceiling[f"{n} x {h} x {2 * inter} (gate/up)"] = matmul_gflops(n, h, 2 * inter, td, reps)
+        ceiling[f"1 x {h} x {v} (LM head)"] = matmul_gflops(1, h, v, td, 20)
+        decode = rows["decode (1 row)"]["ms"]
         result["dtypes"][dtype] = {"steps": rows, "matmul_gflops": ceiling,
-                                   "verify17_over_decode": rows["chain verify (17 rows)"]["ms"]
-                                   / rows["decode (1 row)"]["ms"],
-                                   "engine": engine_share(target, dtype, args.threads)}  # fmt: skip
-    result["bandwidth_gbs"] = bandwidth_gbs()
-    result["flops_per_row"] = flops_per_row(config, CONTEXT)
+                                   "floor_ms": floor_ms,
+                                   "over_decode": {n: s["ms"] / decode for n, s in rows.items()}}  # fmt: skip
+        del model, compiled  # one copy of the weights at a time: the engine loads its own
+        result["dtypes"][dtype]["engine"] = engine_share(
+            target, dtype, args.threads, args.engine_tokens
+        )
+    if args.llama_bench:
+        result["llama_bench"] = llama_bench(target, args.threads, CONTEXT)
     write(result, args)
     return 0
 
@@ -259,47 +356,45 @@ def write(r: dict, args) -> None:
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out + ".json", "w") as f:
         json.dump(r, f, indent=1)
-    lines = ["# One step of the embedded target: where it goes, against the machine's ceiling",
-             "", f"`python bench/step_profile.py --threads {args.threads}`: the embedded target "
-             f"(leap-code-target), {CONTEXT} tokens cached, {args.threads} thread(s); median of "
+    kinds = ["matmul", "matmul (LM head)", *(k for k, _ in KINDS if k != "matmul"),
+             "other operations", "Python and dispatch (no operation)"]  # fmt: skip
+    lines = [f"# One step of {r['target']}: where it goes, against the machine's ceiling",
+             "", f"`python bench/step_profile.py {' '.join(sys.argv[1:])}`: "
+             f"{r['context']} tokens cached, {r['threads']} thread(s); median of "
              f"{args.reps} interleaved repetitions; kinds from torch.profiler's self times, "
-             "scaled to the unprofiled step; arithmetic "
-             f"{r['flops_per_row'] / 1e6:.1f} MFLOP a row. Memory bandwidth (a 256 MiB copy): "
-             f"{r['bandwidth_gbs']:.1f} GB/s.", ""]  # fmt: skip
+             "scaled to the unprofiled step (the LM head's matmul timed apart); arithmetic "
+             f"{r['flops_per_row'] / 1e6:.1f} MFLOP a row. Memory bandwidth (a 256 MiB copy, "
+             f"read + write): {r['bandwidth_gbs']:.1f} GB/s; a step's floor is its bytes of "
+             "weights and cache over it.", ""]  # fmt: skip
     for dtype, d in r["dtypes"].items():
         big = d["matmul_gflops"]["large square 1024^3"]
-        lines += [f"## {dtype}", "", f"17 verify rows / 1 decode row: "
-                  f"**{d['verify17_over_decode']:.2f}x**.", "",
-                  "| step | ms | GFLOP/s | share of the 1024^3 matmul's | profiler events | "
-                  + " | ".join(k for k, _ in KINDS) + " | other operations | Python and dispatch |",
-                  "|---|---|---|---|---|" + "---|" * (len(KINDS) + 2)]  # fmt: skip
+        lines += [f"## {dtype}", "", f"Floor of a step (bytes read / bandwidth): "
+                  f"{d['floor_ms']:.1f} ms.", "",
+                  "| step | ms | x decode | share of the bandwidth floor | GFLOP/s | share of "
+                  "the 1024^3 matmul's | " + " | ".join(kinds) + " |",
+                  "|---|---|---|---|---|---|" + "---|" * len(kinds)]  # fmt: skip
         for name, s in d["steps"].items():
             by = s["by_kind"]
-            cells = [f"{by.get(k, 0.0):.2f}" for k, _ in KINDS]
-            cells += [f"{by.get('other operations', 0.0):.2f}",
-                      f"{by.get('Python and dispatch (no operation)', 0.0):.2f}"]  # fmt: skip
-            lines.append(f"| {name} | {s['ms']:.2f} | {s['gflops']:.2f} | {s['gflops'] / big:.1%} "
-                         f"| {s['ops_per_step']:.0f} | " + " | ".join(cells) + " |")  # fmt: skip
+            cells = [f"{by.get(k, 0.0):.1f}" for k in kinds]
+            lines.append(f"| {name} | {s['ms']:.1f} | {d['over_decode'][name]:.2f} "
+                         f"| {s['bandwidth_share']:.0%} | {s['gflops']:.1f} "
+                         f"| {s['gflops'] / big:.1%} | " + " | ".join(cells) + " |")  # fmt: skip
         first = next(iter(d["steps"].values()))
         if "compiled" in first:
             c = {n: s["compiled"] for n, s in d["steps"].items()}
             lines += ["", "Before and after: eager against the compiled forward (`--compile`), "
                       "interleaved in the same run.", "",
-                      "| step | eager ms | compiled ms | eager / compiled | share of the 1024^3 "
-                      "matmul's, eager | compiled |", "|---|---|---|---|---|---|"]  # fmt: skip
+                      "| step | eager ms | compiled ms | eager / compiled |",
+                      "|---|---|---|---|"]  # fmt: skip
             for name, s in d["steps"].items():
                 lines.append(f"| {name} | {s['ms']:.2f} | {c[name]['ms']:.2f} | "
-                             f"**{s['ms'] / c[name]['ms']:.2f}x** | {s['gflops'] / big:.1%} | "
-                             f"{c[name]['gflops'] / big:.1%} |")  # fmt: skip
-            dec, ver = "decode (1 row)", "chain verify (17 rows)"
-            lines += ["", f"17 verify rows / 1 decode row: eager **{d['verify17_over_decode']:.2f}x**"
-                      f", compiled **{c[ver]['ms'] / c[dec]['ms']:.2f}x**."]  # fmt: skip
+                             f"**{s['ms'] / c[name]['ms']:.2f}x** |")  # fmt: skip
         lines += ["", "| matmul | GFLOP/s |", "|---|---|"]
         lines += [f"| {k} | {v:.1f} |" for k, v in d["matmul_gflops"].items()]
         lines += [
             "",
-            "| engine (`LeapDecoder.generate`, 128 tokens) | ms a target forward | "
-            "of which the forward | engine's Python | engine share |",
+            f"| engine (`LeapDecoder.generate`, {args.engine_tokens} tokens) | ms a target "
+            "forward | of which the forward | engine's Python | engine share |",
             "|---|---|---|---|---|",
         ]
         for m, e in d["engine"].items():
@@ -307,6 +402,23 @@ def write(r: dict, args) -> None:
                 f"| {m} | {e['total_ms_per_forward']:.2f} | {e['forward_ms']:.2f} | "
                 f"{e['engine_ms']:.2f} | {e['engine_share']:.0%} |"
             )
+        lines.append("")
+    lb = r.get("llama_bench") or {}
+    if lb:
+        lines += ["## llama.cpp (llama-bench) on the same model", "",
+                  "Its decode step (tg) and its batches of 4, 8 and 16 tokens (pp, the cost of "
+                  f"verify rows) after {r['context']} cached tokens (-d); median-free: its own "
+                  "mean of 3 repetitions. Share of the bandwidth floor: the GGUF file's bytes "
+                  "over the bandwidth, over the step.", "",
+                  "| weights | file GB | decode ms | share of the bandwidth floor | 4 rows "
+                  "(x decode) | 8 rows | 16 rows |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for p, x in lb.items():
+            ms = {int(k): v for k, v in x["ms"].items()}
+            floor = x["bytes"] / r["bandwidth_gbs"] / 1e6
+            cells = [f"{ms[n]:.1f} ms ({ms[n] / ms[1]:.2f}x)" if n in ms else "-"
+                     for n in (4, 8, 16)]  # fmt: skip
+            lines.append(f"| {p} | {x['bytes'] / 1e9:.2f} | {ms[1]:.1f} | {floor / ms[1]:.0%} "
+                         "| " + " | ".join(cells) + " |")  # fmt: skip
         lines.append("")
     with open(args.out + ".md", "w") as f:
         f.write("\n".join(lines))
