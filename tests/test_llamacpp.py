@@ -115,7 +115,8 @@ BUILT = lp.find_dir(None)
 )
 def test_a_real_llama_server_answers_token_ids_and_counts_its_drafts():
     """SmolLM2's own Q4_1 file on llama-server: plain and n-gram speculation (its own
-    lossless claim, on a prompt that repeats), each reply's counters consistent."""
+    lossless claim, on the demo's revision, whose answer copies the prompt), each reply's
+    counters consistent."""
     from helpers import pulled
 
     folder = pulled("smollm2-135m-instruct")
@@ -124,7 +125,7 @@ def test_a_real_llama_server_answers_token_ids_and_counts_its_drafts():
     try:
         configs = [("llamacpp GGUF", "llamacpp", 0, "GGUF"),
                    ("llamacpp-ngram k=16 GGUF", "llamacpp-ngram", 16, "GGUF")]  # fmt: skip
-        peers = lp.LlamaCppPeers(BUILT, folder, None, configs, threads=2, context=1024)
+        peers = lp.LlamaCppPeers(BUILT, folder, None, configs, threads=2, context=1024, warm_up=1)
     finally:
         if saved is not None:
             os.environ["LEAPDECODE_CACHE"] = saved
@@ -132,13 +133,15 @@ def test_a_real_llama_server_answers_token_ids_and_counts_its_drafts():
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(folder)
-        ids = tok.encode("def add(a, b):\n    return a + b\n\n" * 6 + "def add(a, b):\n")
+        from leapdecode.demo import DEMO_PROMPT  # a revision: the answer copies the prompt
+
+        ids = tok.encode(DEMO_PROMPT)
         got = {}
         for label, *_ in configs:
-            secs, tokens, forwards, drafted, accepted = peers.generate(label, ids, 24)
-            assert secs > 0 and 1 <= len(tokens) <= 24 and forwards == len(tokens) - accepted
+            secs, tokens, forwards, drafted, accepted = peers.generate(label, ids, 48)
+            assert secs > 0 and 1 <= len(tokens) <= 48 and forwards == len(tokens) - accepted
             got[label] = (tokens, forwards)
         assert got["llamacpp-ngram k=16 GGUF"][0] == got["llamacpp GGUF"][0]
-        assert got["llamacpp-ngram k=16 GGUF"][1] < got["llamacpp GGUF"][1]  # drafts accepted
+        assert got["llamacpp-ngram k=16 GGUF"][1] < got["llamacpp GGUF"][1], got  # drafts accepted
     finally:
         peers.close()

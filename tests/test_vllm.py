@@ -291,8 +291,8 @@ def test_demo_adds_vllms_rows_when_its_environment_is_there(capsys, embedded, mo
     monkeypatch.setitem(vllm_peer.ENGINE_ARGS, "enforce_eager", True)
 
     python = _vllm_python()
-    code = main(["demo", "--methods", "ngram", "--max-new-tokens", "24", "--repeats", "1",
-                 "--vllm-python", python])  # fmt: skip
+    code = main(["demo", "--target", embedded[0], "--methods", "ngram", "--max-new-tokens", "24",
+                 "--repeats", "1", "--vllm-python", python])  # fmt: skip
     out, err = capsys.readouterr()
     assert code == 0, err
     rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") == 8}

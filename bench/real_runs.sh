@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The bench runs behind docs/bench/real/ (real checkpoints; every peer beside ours). Each run
+# resumes where it stopped (bench run keeps a partial file): run the same line again.
+#   bash bench/real_runs.sh smollm2|0.5b|1.5b|1.5b-vllm|profile|all
+# Needs: the models pulled (`leapdecode pull NAME`; a run pulls what it lacks), llama.cpp
+# (`bash bench/llamacpp_env.sh`) and vLLM (`bash bench/vllm_env.sh`); a quiet machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=docs/bench/real
+# 2 prompts of each category (completion, revision, grounded, free, chat), 128 new tokens,
+# bfloat16 (the pulled folders' own dtype), 2 threads, greedy
+COMMON=(--per-category 2 --max-new-tokens 128 --threads 2 --dtype bfloat16)
+DRAFTLESS=(--ngram-k 8 --suffix-k 16 --lookahead 3x3x3 --tree-k 16 --peer-ngram-k 8
+           --vllm-ngram-k 8 --vllm-suffix-k 16 --llamacpp-ngram-k 64)
+OURS_DRAFTLESS=none,ngram,suffix,lookahead
+HF_DRAFTLESS=hf-generate,hf-lookup
+VLLM_DRAFTLESS=vllm,vllm-ngram,vllm-suffix
+LLAMA_DRAFTLESS=llamacpp,llamacpp-ngram,llamacpp-ngram-mod
+
+run() { echo "== leapdecode bench run $*"; leapdecode bench run "$@"; }
+
+smollm2() {
+  run --target smollm2-135m-instruct "${COMMON[@]}" "${DRAFTLESS[@]}" --repeats 3 \
+    --methods "$OURS_DRAFTLESS,$HF_DRAFTLESS,$VLLM_DRAFTLESS,$LLAMA_DRAFTLESS" \
+    --out "$OUT/smollm2-135m"
+}
+half() {
+  run --target qwen2.5-coder-0.5b-instruct "${COMMON[@]}" "${DRAFTLESS[@]}" --repeats 3 \
+    --methods "$OURS_DRAFTLESS,$HF_DRAFTLESS,$VLLM_DRAFTLESS,$LLAMA_DRAFTLESS" \
+    --out "$OUT/qwen-0.5b"
+}
+# the pair: ours, transformers and llama.cpp in one run; vLLM in another (its engines each hold
+# the weights: four of the 1.5B beside ours and transformers' would not fit 24 GiB)
+pair() {
+  run --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \
+    --draft-dtype bfloat16 "${COMMON[@]}" "${DRAFTLESS[@]}" --repeats 2 --draft-k 3 \
+    --peer-draft-k 3 --llamacpp-draft-k 3 \
+    --methods "none,draft,ngram,suffix,hf-generate,hf-assisted,hf-lookup,llamacpp,llamacpp-draft,llamacpp-ngram,llamacpp-ngram-mod" \
+    --out "$OUT/qwen-1.5b-pair"
+}
+pair_vllm() {
+  run --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \
+    --draft-dtype bfloat16 "${COMMON[@]}" "${DRAFTLESS[@]}" --repeats 2 --draft-k 3 \
+    --vllm-draft-k 3 --no-peers --no-llamacpp \
+    --methods "none,draft,ngram,suffix,vllm,vllm-draft,vllm-ngram,vllm-suffix" \
+    --out "$OUT/qwen-1.5b-pair-vllm"
+}
+profile() {
+  python bench/step_profile.py --target qwen2.5-coder-1.5b-instruct --rows 1,5,9,17 \
+    --context 512 --reps 20 --threads 2 --no-compiled --engine-tokens 48 --llama-bench \
+    --out "$OUT/step_profile_1.5b"
+}
+case "${1:-all}" in
+  smollm2) smollm2 ;;
+  0.5b) half ;;
+  1.5b) pair ;;
+  1.5b-vllm) pair_vllm ;;
+  profile) profile ;;
+  all) smollm2; half; profile; pair; pair_vllm ;;
+  *) echo "usage: bash bench/real_runs.sh smollm2|0.5b|1.5b|1.5b-vllm|profile|all"; exit 2 ;;
+esac
