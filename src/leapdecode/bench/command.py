@@ -441,12 +441,11 @@ def cmd_run(args) -> int:
         os.remove(partial)
     vllm = llama = None
     try:
+        if any(m.llamacpp for m in methods):  # first: its GGUF files are made in minutes
+            llama = _llamacpp_peers(llamacpp_dir, target, draft, dec, methods)
         if any(m.vllm for m in methods):
             vllm = _vllm_peers(args, vllm_python, target, draft, dec, methods)
-            t0 = time.perf_counter()  # the run's time, not the engines' loading
-        if any(m.llamacpp for m in methods):
-            llama = _llamacpp_peers(llamacpp_dir, target, draft, dec, methods)
-            t0 = time.perf_counter()
+        t0 = time.perf_counter()  # the run's time, not the engines' loading
         records = runner.run(
             dec,
             peers,

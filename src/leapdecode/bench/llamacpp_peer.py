@@ -129,6 +129,7 @@ def convert_to_gguf(model: str, out: str, folder: str, progress: bool = True) ->
     if not os.path.isfile(script):
         raise LeapDecodeError(f"{script} not found: rebuild llama.cpp with `{SETUP}`")
     env = dict(os.environ, PYTHONPATH=os.path.join(src, "gguf-py"))
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     partial = out + ".partial"
     if progress:
         print(f"converting {model} to a BF16 GGUF for llama.cpp ({out})", flush=True)
@@ -141,8 +142,8 @@ def convert_to_gguf(model: str, out: str, folder: str, progress: bool = True) ->
     if done.returncode != 0:
         last = "\n".join(done.stderr.strip().splitlines()[-5:])
         raise LeapDecodeError(
-            f"llama.cpp's convert_hf_to_gguf.py failed on {model} (is sentencepiece installed? "
-            f"`pip install sentencepiece`):\n{last}"
+            f"llama.cpp's convert_hf_to_gguf.py failed on {model} (`pip install sentencepiece` "
+            f"if it is missing; `bash bench/llamacpp_env.sh` installs it):\n{last}"
         )
     os.replace(partial, out)
 

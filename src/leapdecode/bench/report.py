@@ -144,12 +144,13 @@ def llamacpp_rows(cells: list[dict]) -> list[dict]:
             theirs_best = max((c for c in cells if c["category"] == cat
                                and c["name"].endswith(" " + p)),
                               key=lambda c: c["tokens_per_s"], default=None)  # fmt: skip
-            pairs = [(best(cells, cat, ours), best(cells, cat, f"{theirs} {p}"))
+            pairs = [(best(cells, cat, ours), best(cells, cat, f"{theirs} {p}"), False)
                      for ours, theirs in LLAMACPP_COUNTERPART.items()]  # fmt: skip
-            pairs.append((fastest, theirs_best))
-            for a, b in pairs:
+            pairs.append((fastest, theirs_best, True))
+            for a, b, fastest_pair in pairs:
                 if a and b:
                     out.append({"category": cat, "precision": p, "ours": a, "llamacpp": b,
+                                "fastest": fastest_pair,
                                 "ratio": a["tokens_per_s"] / b["tokens_per_s"]})  # fmt: skip
     return out
 
@@ -173,10 +174,12 @@ def llamacpp_markdown(cells: list[dict]) -> list[str]:
     ]
     for r in rows:
         a, b = r["ours"], r["llamacpp"]
+        mark = "fastest: " if r["fastest"] else ""
         lines.append(
-            f"| {r['category']} | {r['precision']} | {a['name']}{_setting(a)} "
+            f"| {r['category']} | {r['precision']} | {mark}{a['name']}{_setting(a)} "
             f"| {a['tokens_per_s']:.1f} | {_f(a['mean_accepted_tokens'])} | {b['method']} "
-            f"| {b['tokens_per_s']:.1f} | {_f(b['mean_accepted_tokens'])} | {_f(r['ratio'])} |"
+            f"| {b['tokens_per_s']:.1f} | {_f(b['mean_accepted_tokens'])} | "
+            + (f"**{_f(r['ratio'])}** |" if r["fastest"] else f"{_f(r['ratio'])} |")
         )
     return lines
 
@@ -398,6 +401,8 @@ def plots(cells: list[dict], out_dir: str) -> list[str]:
         fig, ax = plt.subplots(figsize=(9, 4.5))
         series = {}
         for r in rows:
+            if r["fastest"]:
+                continue
             key = f"{r['ours']['name']} / {r['llamacpp']['name']}"
             series.setdefault(key, dict.fromkeys(cats, 0.0))[r["category"]] = r["ratio"]
         _grouped_bars(ax, cats, {name: list(got.values()) for name, got in series.items()})
