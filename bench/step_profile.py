@@ -181,15 +181,31 @@ def matmul_gflops(m: int, k: int, n: int, dtype, reps: int) -> float:
     return 2 * m * k * n / statistics.median(times) / 1e9
 
 
-def bandwidth_gbs() -> float:
+def bandwidth_gbs() -> dict:
+    """The machine's memory bandwidth, three ways (GB/s, best of 5 each): a 256 MiB copy (read
+    + write counted), a sum over 1 GiB (read), and a float32 matrix-vector product over a 1 GiB
+    matrix (read: what a decode step does). A step's floor uses the best read rate."""
+
+    def best(fn, n_bytes: float) -> float:
+        fn()
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return n_bytes / min(times) / 1e9
+
     src = torch.ones(64 * 2**20)  # 256 MiB of float32
     dst = torch.empty_like(src)
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t0)
-    return 2 * src.numel() * 4 / min(times) / 1e9  # read + write
+    big = torch.ones(2**28)  # 1 GiB of float32
+    w, v = big.view(16384, 16384), torch.ones(16384)
+    out = {
+        "copy (read + write)": best(lambda: dst.copy_(src), 2 * src.numel() * 4),
+        "sum (read)": best(lambda: big.sum(), big.numel() * 4),
+        "matrix-vector, float32 (read)": best(lambda: torch.mv(w, v), big.numel() * 4),
+    }
+    out["read"] = max(out["sum (read)"], out["matrix-vector, float32 (read)"])
+    return out
 
 
 def engine_share(target: str, dtype: str, threads: int, tokens: int = 128) -> dict:
@@ -289,8 +305,9 @@ def main() -> int:
     slot = torch.tensor([0])
     g = torch.Generator().manual_seed(0)
     context = torch.randint(0, config.vocab_size, (1, CONTEXT), generator=g)
-    bandwidth = bandwidth_gbs()
-    result = {"target": args.target or TARGET_NAME, "threads": args.threads, "context": CONTEXT,
+    bandwidths = bandwidth_gbs()
+    bandwidth = bandwidths["read"]
+    result = {"bandwidths_gbs": bandwidths,"target": args.target or TARGET_NAME, "threads": args.threads, "context": CONTEXT,
               "bandwidth_gbs": bandwidth, "flops_per_row": flops_per_row(config, CONTEXT),
               "dtypes": {}}  # fmt: skip
     for dtype in args.dtypes.split(","):
@@ -363,9 +380,11 @@ def write(r: dict, args) -> None:
              f"{r['context']} tokens cached, {r['threads']} thread(s); median of "
              f"{args.reps} interleaved repetitions; kinds from torch.profiler's self times, "
              "scaled to the unprofiled step (the LM head's matmul timed apart); arithmetic "
-             f"{r['flops_per_row'] / 1e6:.1f} MFLOP a row. Memory bandwidth (a 256 MiB copy, "
-             f"read + write): {r['bandwidth_gbs']:.1f} GB/s; a step's floor is its bytes of "
-             "weights and cache over it.", ""]  # fmt: skip
+             f"{r['flops_per_row'] / 1e6:.1f} MFLOP a row. Memory bandwidth: "
+             + ", ".join(f"{k} {v:.1f} GB/s" for k, v in r.get("bandwidths_gbs", {}).items()
+                         if k != "read")
+             + f"; a step's floor is its bytes of weights and cache over the best read rate, "
+             f"{r['bandwidth_gbs']:.1f} GB/s.", ""]  # fmt: skip
     for dtype, d in r["dtypes"].items():
         big = d["matmul_gflops"]["large square 1024^3"]
         lines += [f"## {dtype}", "", f"Floor of a step (bytes read / bandwidth): "
