@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ import urllib.request
 from ..cache import cache_dir
 from ..errors import LeapDecodeError
 from ..paths import REPO
+from .servers import free_port
 from .vllm_peer import pause, resume
 
 ENV_VAR = "LEAPDECODE_LLAMACPP"
@@ -161,12 +161,6 @@ def server_args(name: str, k: int, draft_gguf: str | None) -> list[str]:
     if name == "llamacpp-ngram-mod":
         return ["--spec-default"]
     raise LeapDecodeError(f"unknown llama.cpp configuration {name!r}: use {', '.join(NAMES)}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
