@@ -58,7 +58,11 @@ def models(tmp_path_factory, tok_dir):
     peagle = helpers.train_peagle(path, heads[1], steps=80, k=4, tokens=str(root / "stream.npy"),
                                   lr=0.01)  # fmt: skip
     speculators = [*heads, peagle]
-    return target, LeapDecoder.from_pretrained(path, draft=draft_path, speculators=speculators)
+    # 256 rows decoded together: each row's seed is seed + its index, so batching changes
+    # no sample, and N = 3000 rows take a dozen engine batches instead of 188
+    dec = LeapDecoder.from_pretrained(path, draft=draft_path, speculators=speculators,
+                                      max_num_seqs=256, max_model_len=64)  # fmt: skip
+    return target, dec
 
 
 @pytest.fixture(scope="module")
