@@ -76,7 +76,7 @@ def test_sampling_follows_the_target(smollm2, method):
     """The first two sampled tokens' joint distribution, exact from transformers, against
     SAMPLES differently seeded rows of each method."""
     folder, hf, tok = smollm2
-    tail = tok.encode("def add(a, b):\n    return a + b\n\ndef add")
+    tail = tok.encode("def add(a, b):")  # short: 800 prefills are most of the time
     # each likely first token and its likely successor before the tail: prompt lookup then
     # proposes what the target may accept, so both the accept and reject paths run
     from leapdecode.sampling import SamplingParams, process_logits
@@ -89,7 +89,7 @@ def test_sampling_follows_the_target(smollm2, method):
     prompt = head + tail
     exact = exact_pairs(hf, prompt, SAMPLING)
     dec = LeapDecoder.from_pretrained(
-        folder, dtype="float32", max_num_seqs=250, max_model_len=64, speculators=[]
+        folder, dtype="float32", max_num_seqs=SAMPLES, max_model_len=64, speculators=[]
     )
     kw = {"ngram_min": 1} if method == "ngram" else {}
     results = dec.generate_batch(
