@@ -173,6 +173,15 @@ def test_sequence_is_what_the_proposers_take():
 # --- in vLLM (its own environment) -----------------------------------------------------------
 
 
+# The engines of these tests run eager and in one process each (no engine-core and worker
+# processes beside it: a third less CPU time a load). The bench runs vLLM's default layout
+# (docs/bench/real/ and the bench's vLLM rows)
+ONE_PROCESS = dict(
+    engine_args={"enforce_eager": True, "distributed_executor_backend": "uni"},
+    env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+)
+
+
 def _vllm_python() -> str:
     from leapdecode.bench.vllm_peer import HINT, find_python
 
@@ -210,9 +219,11 @@ def prompts(embedded):
 
 @pytest.fixture(scope="module")
 def vllm_engines(embedded, tmp_path_factory):
-    """vLLM plain, eagle3 with our exported head, and our two proposers, one engine each
-    (eager: these tests are about the tokens, the bench measures the compiled engines)."""
+    """vLLM plain, eagle3 with our exported head, our two proposers, our parallel draft and
+    our parallel EAGLE head, one engine each, all loaded at once (eager: these tests are about
+    the tokens, the bench measures the compiled engines)."""
     from leapdecode.bench.vllm_peer import VllmPeers, spec_config
+    from leapdecode.paths import default_model
     from leapdecode.speculators_export import export_speculators
 
     python = _vllm_python()
@@ -223,8 +234,16 @@ def vllm_engines(embedded, tmp_path_factory):
     configs = [("vllm", None), ("eagle3", spec_config("vllm-eagle3", 3, eagle3=eagle3)),
                ("leap-suffix", spec_config("vllm-leap-suffix", 16)),
                ("leap-ngram", spec_config("vllm-leap-ngram", 8))]  # fmt: skip
+    # models/leap-code-draft-pard: config.json names its pard_token
+    pard = default_model("leap-code-draft-pard")
+    if pard is not None:
+        configs.append(("pard", spec_config("vllm-pard", 4, draft=pard)))
+    if os.path.isdir(target + "-peagle"):  # exported as speculators' "peagle"
+        peagle = str(out / "peagle")
+        export_speculators(target + "-peagle", target, peagle, verifier=target, dtype="float32")
+        configs.append(("peagle", spec_config("vllm-peagle", 4, peagle=peagle)))
     peers = VllmPeers(python, target, configs, "float32", 1024, 1, str(out / "logs"),
-                      engine_args={"enforce_eager": True}, warm_up=0)  # fmt: skip
+                      warm_up=0, **ONE_PROCESS)  # fmt: skip
     yield peers
     peers.close()
 
@@ -265,7 +284,7 @@ def test_a_wrong_vllm_configuration_is_one_clear_error(embedded, tmp_path):
     bad = spec_config("vllm-leap-suffix", 8, extra={"suffix_decoding_max_tree_depth": 0})
     with pytest.raises(LeapDecodeError) as e:
         VllmPeers(python, embedded[0], [("bad", bad)], "float32", 1024, 1, str(tmp_path),
-                  engine_args={"enforce_eager": True}, warm_up=0)  # fmt: skip
+                  warm_up=0, **ONE_PROCESS)  # fmt: skip
     assert "suffix_decoding_max_tree_depth" in str(e.value)
 
 
@@ -288,7 +307,10 @@ def test_demo_adds_vllms_rows_when_its_environment_is_there(capsys, embedded, mo
     from leapdecode.bench import vllm_peer
     from leapdecode.cli import main
 
-    monkeypatch.setitem(vllm_peer.ENGINE_ARGS, "enforce_eager", True)
+    for key, value in ONE_PROCESS["engine_args"].items():
+        monkeypatch.setitem(vllm_peer.ENGINE_ARGS, key, value)
+    for key, value in ONE_PROCESS["env"].items():
+        monkeypatch.setenv(key, value)
 
     python = _vllm_python()
     code = main(["demo", "--target", embedded[0], "--methods", "ngram", "--max-new-tokens", "24",
@@ -309,49 +331,21 @@ def test_the_dynamic_schedule_is_our_static_table_as_vllms_ranges():
     assert dynamic_schedule(STATIC_TABLE, 32)[-1] == [16, 32, 0]
 
 
-def test_vllm_runs_our_parallel_draft_as_its_own_parallel_drafting(embedded, prompts, tmp_path):
-    """Our trained parallel draft (models/leap-code-draft-pard: config.json names its
-    pard_token) loads in vLLM as `draft_model` with `parallel_drafting`, and gives plain
-    decoding's greedy tokens. Where vLLM's CPU build cannot run it, skipped with its error."""
-    from leapdecode.bench.vllm_peer import VllmPeers, spec_config
-    from leapdecode.paths import default_model
-
-    pard = default_model("leap-code-draft-pard")
-    if pard is None:
+def test_vllm_runs_our_parallel_draft_as_its_own_parallel_drafting(vllm_engines, prompts):
+    """Our trained parallel draft (models/leap-code-draft-pard) loads in vLLM as `draft_model`
+    with `parallel_drafting`, and gives plain decoding's greedy tokens."""
+    if "pard" not in vllm_engines.workers:
         pytest.skip("the embedded parallel draft is not in models/ (leapdecode train pard)")
-    python = _vllm_python()
-    configs = [("vllm", None), ("pard", spec_config("vllm-pard", 4, draft=pard))]
-    try:
-        peers = VllmPeers(python, embedded[0], configs, "float32", 1024, 1, str(tmp_path),
-                          engine_args={"enforce_eager": True}, warm_up=0)  # fmt: skip
-    except LeapDecodeError as e:
-        pytest.skip(f"vLLM's CPU build cannot run parallel drafting: {e}")
-    try:
-        _assert_plain_tokens_and_drafts_used(peers, "pard", prompts)
-    finally:
-        peers.close()
+    _assert_plain_tokens_and_drafts_used(vllm_engines, "pard", prompts)
 
 
-def test_vllm_runs_our_parallel_eagle_head_as_peagle(embedded, prompts, tmp_path):
+def test_vllm_runs_our_parallel_eagle_head_as_peagle(vllm_engines, prompts):
     """Our parallel EAGLE head (models/leap-code-target-peagle), exported as speculators'
     "peagle", runs in vLLM as eagle3 with parallel_drafting: plain decoding's greedy tokens,
     drafts accepted."""
-    from leapdecode.bench.vllm_peer import VllmPeers, spec_config
-    from leapdecode.speculators_export import export_speculators
-
-    head = embedded[0] + "-peagle"
-    if not os.path.isdir(head):
+    if "peagle" not in vllm_engines.workers:
         pytest.skip("the embedded parallel EAGLE head is not in models/ (leapdecode train peagle)")
-    python = _vllm_python()
-    out = str(tmp_path / "peagle")
-    export_speculators(head, embedded[0], out, verifier=embedded[0], dtype="float32")
-    configs = [("vllm", None), ("peagle", spec_config("vllm-peagle", 4, peagle=out))]
-    peers = VllmPeers(python, embedded[0], configs, "float32", 1024, 1, str(tmp_path / "logs"),
-                      engine_args={"enforce_eager": True}, warm_up=0)  # fmt: skip
-    try:
-        _assert_plain_tokens_and_drafts_used(peers, "peagle", prompts)
-    finally:
-        peers.close()
+    _assert_plain_tokens_and_drafts_used(vllm_engines, "peagle", prompts)
 
 
 def _assert_plain_tokens_and_drafts_used(peers, label: str, prompts) -> None:

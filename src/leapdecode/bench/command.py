@@ -540,6 +540,7 @@ def _vllm_peers(args, python, target, draft, dec, methods):
         torch.get_num_threads(),
         vocab_size=dec.target.vocab_size,
         warm_up=BENCH_WARM_UP,
+        parallel=False,
     )
 
 

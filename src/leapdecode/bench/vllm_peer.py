@@ -34,6 +34,7 @@ process takes no CPU at all; a woken one has its memory as it was.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -306,10 +307,21 @@ class Worker:
             )
 
     def call(self, msg: dict) -> dict:
-        offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
+        self.send(msg)
+        return self.receive()
+
+    def send(self, msg: dict) -> None:
+        """Write one request; its reply is read by receive() (a worker answers in order)."""
+        self._offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
         try:
             self.proc.stdin.write(json.dumps(msg) + "\n")
             self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # receive() reads no line and says why from the log
+
+    def receive(self) -> dict:
+        offset = getattr(self, "_offset", 0)
+        try:
             line = self.proc.stdout.readline()
         except (BrokenPipeError, OSError):
             line = ""
@@ -332,14 +344,24 @@ class Worker:
         resume(self.proc.pid)
 
     def close(self) -> None:
+        self.ask_to_quit()
+        self.finish()
+
+    def ask_to_quit(self) -> None:
         if self.proc.poll() is None:
             try:
                 self.wake()  # a stopped engine would not shut down
                 self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
                 self.proc.stdin.flush()
-                self.proc.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
+            except OSError:
                 pass
+
+    def finish(self) -> None:
+        """Wait for a worker asked to quit (a minute at most), then end its process group."""
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
         try:  # its engine processes too
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -373,7 +395,10 @@ def tail(path: str, lines: int = 15) -> str:
 
 class VllmPeers:
     """The vLLM configurations of one bench run, each loaded once and kept for the run:
-    configs = [(label, spec_config or None)]. Logs in log_dir, one per configuration."""
+    configs = [(label, spec_config or None)]. Logs in log_dir, one per configuration.
+    parallel: load them all at once (the demo, the tests); a bench run loads one at a time,
+    so that no load's transient memory adds to the others' on a real checkpoint. env: extra
+    environment variables for every worker."""
 
     def __init__(
         self,
@@ -387,6 +412,8 @@ class VllmPeers:
         engine_args: dict | None = None,
         warm_up: int = WARM_UP,
         vocab_size: int = 256,
+        parallel: bool = True,
+        env: dict | None = None,
     ) -> None:
         from tqdm import tqdm
 
@@ -397,27 +424,40 @@ class VllmPeers:
         # a prompt that repeats itself (drafts get accepted), within any model's vocabulary
         warm_ids = [(7 * i) % max(2, min(500, vocab_size - 1)) + 1 for i in range(100)]
         warm_new = max(1, min(64, max_model_len - len(warm_ids) - 1))
+        warm = {"op": "generate", "ids": warm_ids, "max_new_tokens": warm_new}
         try:
-            for label, spec in tqdm(configs, desc="loading vLLM engines", unit="engine"):
-                spec = dict(spec) if spec else None
-                env = spec.pop("_env", None) if spec else None
-                spec = spec or None  # only environment variables: no speculation
-                w = Worker(python, os.path.join(log_dir, _file_name(label) + ".log"), threads, env)
-                self.workers[label] = w
-                reply = w.call(
-                    {
+            # parallel: every engine loads (and warms up) at once, most of a load being
+            # Python imports in three processes; otherwise one after another
+            batches = [configs] if parallel else [[c] for c in configs]
+            bar = tqdm(total=len(configs), desc="loading vLLM engines", unit="engine")
+            for batch in batches:
+                started = []
+                for label, spec in batch:
+                    spec = dict(spec) if spec else None
+                    extra = (env or {}) | (spec.pop("_env", None) or {} if spec else {})
+                    spec = spec or None  # only environment variables: no speculation
+                    log = os.path.join(log_dir, _file_name(label) + ".log")
+                    w = self.workers[label] = Worker(python, log, threads, extra)
+                    w.send({
                         "op": "load",
                         "model": os.path.abspath(target),
                         "dtype": dtype,
                         "max_model_len": max_model_len,
                         "speculative_config": spec,
                         "engine_args": ENGINE_ARGS | (engine_args or {}),
-                    }
-                )
-                self.load_s[label] = reply["load_s"]
+                    })  # fmt: skip
+                    started.append((label, w))
+                for label, w in started:
+                    self.load_s[label] = w.receive()["load_s"]
                 for _ in range(warm_up):
-                    w.call({"op": "generate", "ids": warm_ids, "max_new_tokens": warm_new})
-                w.idle()
+                    for _, w in started:
+                        w.send(warm)
+                    for _, w in started:
+                        w.receive()
+                for _, w in started:
+                    w.idle()
+                bar.update(len(batch))
+            bar.close()
         except BaseException:
             self.close()
             raise
@@ -438,14 +478,17 @@ class VllmPeers:
         return r["seconds"], tokens, r["forwards"], r["draft_tokens"], len(tokens) - r["forwards"]
 
     def close(self) -> None:
+        for w in self.workers.values():  # all asked first: they shut down together
+            w.ask_to_quit()
         for w in self.workers.values():
-            w.close()
+            w.finish()
 
 
 def _file_name(label: str) -> str:
     return label.replace(" ", "_").replace("=", "")
 
 
+@functools.cache
 def check_python(python: str) -> str:
     """vLLM's version in that interpreter, or a clear error (checked before any load)."""
     try:
