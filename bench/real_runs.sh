@@ -25,7 +25,7 @@ smollm2() {
     --out "$OUT/smollm2-135m"
 }
 half() {
-  run --target qwen2.5-coder-0.5b-instruct "${COMMON[@]}" "${DRAFTLESS[@]}" --repeats 3 \
+  run --target qwen2.5-coder-0.5b-instruct "${COMMON[@]}" "${DRAFTLESS[@]}" --repeats 2 \
     --methods "$OURS_DRAFTLESS,$HF_DRAFTLESS,$VLLM_DRAFTLESS,$LLAMA_DRAFTLESS" \
     --out "$OUT/qwen-0.5b"
 }

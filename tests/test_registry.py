@@ -7,6 +7,7 @@ import pytest
 import helpers
 from leapdecode import LeapDecoder
 from leapdecode.config import SpecConfig
+from leapdecode.engine import CostModel
 from leapdecode.errors import LeapDecodeError
 from leapdecode.proposers import registry
 
@@ -23,7 +24,14 @@ def echo():
 
 @pytest.fixture(scope="module")
 def echo_decoder(echo, target_dir):
-    return LeapDecoder.from_pretrained(target_dir, max_num_seqs=8)
+    dec = LeapDecoder.from_pretrained(target_dir, max_num_seqs=8)
+    # step costs under which drafting pays (verify rows nearly free), not measured: what auto
+    # plans here must not follow the machine's load (a busy machine's profile made auto plan
+    # no drafts); test_engine tests the costs' side
+    dec.engine.planner.cost = CostModel(
+        (1, 8), (1, 2), ((0.01, 0.0101), (0.02, 0.0208)), (0.0005, 0.0006)
+    )
+    return dec
 
 
 @pytest.fixture(scope="module")
