@@ -37,6 +37,14 @@ def main(argv=None) -> int:
     p.add_argument("--draft", default=None)
     p.add_argument("--methods", default="none,ngram,suffix,lookahead")
     p.add_argument("--prompts", type=int, default=12, help="how many (a multiple of 4)")
+    p.add_argument(
+        "--bench-prompts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="instead: the first N prompts of each bench category, chat included where the "
+        "model has a template (what `bench run --per-category N` runs), whole",
+    )
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--out", required=True, help="path prefix of the .json and .md written")
@@ -44,15 +52,17 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype)
     target = resolve_model(args.target)
     draft = resolve_model(args.draft, "draft") if args.draft else None
-    texts = real_prompts(n_per_category=max(1, args.prompts // 4))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-
-    t0 = time.perf_counter()
-    ref = Reference(target, dtype)  # transformers in the same dtype as ours
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(target)
-    prompts = [tok.encode(t) for t in texts]
+    if args.bench_prompts:
+        prompts = bench_prompts(tok, target, args.bench_prompts)
+    else:
+        prompts = [tok.encode(t) for t in real_prompts(n_per_category=max(1, args.prompts // 4))]
+
+    t0 = time.perf_counter()
+    ref = Reference(target, dtype)  # transformers in the same dtype as ours
     wanted = []
     for i, ids in enumerate(prompts):
         wanted.append(ref.greedy(ids, args.max_new_tokens))
@@ -92,7 +102,9 @@ def main(argv=None) -> int:
         f"# Greedy against transformers: {args.target}"
         + (f" with draft {args.draft}" if args.draft else ""),
         "",
-        f"{len(prompts)} prompts (bench sets, cut short), {args.max_new_tokens} new tokens, "
+        f"{len(prompts)} prompts ("
+        + ("`bench run`'s own, whole" if args.bench_prompts else "bench sets, cut short")
+        + f"), {args.max_new_tokens} new tokens, "
         f"{args.dtype}, transformers `generate` as the reference. Command: "
         f"`python bench/lossless_real.py {' '.join(argv or sys.argv[1:])}`",
         "",
@@ -108,6 +120,20 @@ def main(argv=None) -> int:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 1 if any(r["non_ties"] for r in rows) else 0
+
+
+def bench_prompts(tok, target: str, n: int) -> list[list[int]]:
+    """The token ids `bench run --per-category n` decodes: each category's first n rows,
+    chat's through the model's template."""
+    from leapdecode.bench import workloads
+    from leapdecode.chat import has_template
+    from leapdecode.paths import PROMPTS
+
+    cats = [c for c in workloads.CATEGORIES if c != "chat" or has_template(tok)]
+    sets = workloads.load(PROMPTS, cats)
+    workloads.chat_prompts(sets, tok, target)
+    rows = [row for c in cats for row in sets[c][:n]]
+    return [r["prompt"] if isinstance(r["prompt"], list) else tok.encode(r["prompt"]) for r in rows]
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The bench runs behind docs/bench/real/ (real checkpoints; every peer beside ours). Each run
 # resumes where it stopped (bench run keeps a partial file): run the same line again.
-#   bash bench/real_runs.sh smollm2|0.5b|1.5b|1.5b-vllm|profile|all
+#   bash bench/real_runs.sh smollm2|0.5b|1.5b|1.5b-vllm|profile|lossless|all
 # Needs: the models pulled (`leapdecode pull NAME`; a run pulls what it lacks), llama.cpp
 # (`bash bench/llamacpp_env.sh`) and vLLM (`bash bench/vllm_env.sh`); a quiet machine.
 set -euo pipefail
@@ -45,6 +45,18 @@ pair_vllm() {
     --methods "none,draft,ngram,suffix,vllm,vllm-draft,vllm-ngram,vllm-suffix" \
     --out "$OUT/qwen-1.5b-pair-vllm"
 }
+# ours against transformers in float32 on each run's own prompts (chat included), 128 tokens:
+# the bfloat16 runs' differences are then told apart from a fault
+lossless() {
+  for pair in smollm2-135m-instruct:smollm2-135m qwen2.5-coder-0.5b-instruct:qwen-0.5b; do
+    python bench/lossless_real.py --target "${pair%%:*}" --bench-prompts 2 --max-new-tokens 128 \
+      --methods none,ngram,suffix,lookahead --out "$OUT/${pair##*:}/lossless_float32" ||
+      echo "non-tie differences: see $OUT/${pair##*:}/lossless_float32.md"
+  done
+  python bench/lossless_real.py --target qwen2.5-coder-1.5b-instruct \
+    --draft qwen2.5-coder-0.5b-instruct --bench-prompts 2 --max-new-tokens 128 \
+    --methods none,draft,ngram,suffix --out "$OUT/qwen-1.5b-pair/lossless_float32"
+}
 profile() {
   python bench/step_profile.py --target qwen2.5-coder-1.5b-instruct --rows 1,5,9,17 \
     --context 512 --reps 20 --threads 2 --no-compiled --engine-tokens 48 --llama-bench \
@@ -56,6 +68,8 @@ case "${1:-all}" in
   1.5b) pair ;;
   1.5b-vllm) pair_vllm ;;
   profile) profile ;;
-  all) smollm2; half; profile; pair; pair_vllm ;;
-  *) echo "usage: bash bench/real_runs.sh smollm2|0.5b|1.5b|1.5b-vllm|profile|all"; exit 2 ;;
+  lossless) lossless ;;
+  all) smollm2; half; profile; pair; pair_vllm; lossless ;;
+  *) echo "usage: bash bench/real_runs.sh smollm2|0.5b|1.5b|1.5b-vllm|profile|lossless|all"
+     exit 2 ;;
 esac
