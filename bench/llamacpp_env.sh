@@ -32,8 +32,13 @@ echo "building llama.cpp (cmake, $JOBS jobs; about 15 minutes on two cores)"
 cmake -S "$DIR/src/vendor/llama.cpp" -B "$DIR/build" -DCMAKE_BUILD_TYPE=Release \
   -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF \
   > "$DIR/cmake.log" 2>&1 || { tail -30 "$DIR/cmake.log"; exit 1; }
+# progress: every 20th "[ NN%]" line; the whole output in build.log, its tail on a failure
 cmake --build "$DIR/build" -j "$JOBS" --target llama-server llama-bench llama-speculative \
-  2>&1 | grep --line-buffered -E '^\[ *[0-9]+%\]' | awk 'NR % 20 == 0 {print; fflush()}'
+  > "$DIR/build.log" 2>&1 &
+BUILD=$!
+tail -n +1 -f --pid "$BUILD" "$DIR/build.log" \
+  | { grep --line-buffered -E '^\[ *[0-9]+%\]' || true; } | awk 'NR % 20 == 0 {print; fflush()}'
+wait "$BUILD" || { tail -30 "$DIR/build.log"; echo "the build failed: its log is $DIR/build.log"; exit 1; }
 mkdir -p "$DIR/bin"
 for b in llama-server llama-bench llama-speculative; do
   cp "$DIR/build/bin/$b" "$DIR/bin/$b"

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The bench runs behind docs/bench/real/ (real checkpoints; every peer beside ours). Each run
 # resumes where it stopped (bench run keeps a partial file): run the same line again.
-#   bash bench/real_runs.sh smollm2|0.5b|1.5b|1.5b-vllm|profile|lossless|all
+#   bash bench/real_runs.sh smollm2|0.5b|1.5b|1.5b-vllm|profile|lossless|serve|all
 # Needs: the models pulled (`leapdecode pull NAME`; a run pulls what it lacks), llama.cpp
 # (`bash bench/llamacpp_env.sh`) and vLLM (`bash bench/vllm_env.sh`); a quiet machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=docs/bench/real
 # 2 prompts of each category (completion, revision, grounded, free, chat), 128 new tokens,
-# bfloat16 (the pulled folders' own dtype), 2 threads, greedy
-COMMON=(--per-category 2 --max-new-tokens 128 --threads 2 --dtype bfloat16)
+# bfloat16 (the pulled folders' own dtype), 2 threads, greedy; every engine's context 4,096
+# tokens (the default follows free memory; the longest prompt is under 1,000 tokens)
+COMMON=(--per-category 2 --max-new-tokens 128 --threads 2 --dtype bfloat16 --max-model-len 4096)
 DRAFTLESS=(--ngram-k 8 --suffix-k 16 --lookahead 3x3x3 --tree-k 16 --peer-ngram-k 8
            --vllm-ngram-k 8 --vllm-suffix-k 16 --llamacpp-ngram-k 64)
 OURS_DRAFTLESS=none,ngram,suffix,lookahead
@@ -45,6 +46,18 @@ pair_vllm() {
     --methods "none,draft,ngram,suffix,vllm,vllm-draft,vllm-ngram,vllm-suffix" \
     --out "$OUT/qwen-1.5b-pair-vllm"
 }
+# the OpenAI server under load: ours (auto among them) against `vllm serve` and llama-server
+# (GGUF, its slots), C = 1, 2, 4, 8, 3 rounds; one request a client, 64 tokens (3-4 tokens/s a
+# stream on the 1.5B: the defaults would run for hours)
+serve_pair() {
+  echo "== leapdecode bench serve (the pair)"
+  leapdecode bench serve --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \
+    --dtype bfloat16 --draft-dtype bfloat16 --concurrency 1,2,4,8 --rounds 3 \
+    --requests-min 2 --requests-per-client 1 --max-new-tokens 64 --draft-k 3 --ngram-k 8 \
+    --suffix-k 16 --configs none,draft,ngram,suffix,auto --peer vllm,llamacpp \
+    --vllm-configs none,ngram --vllm-ngram-k 8 --llamacpp-configs none,draft,ngram \
+    --out "$OUT/serve-pair"
+}
 # ours against transformers in float32 on each run's own prompts (chat included), 128 tokens:
 # the bfloat16 runs' differences are then told apart from a fault
 lossless() {
@@ -69,7 +82,8 @@ case "${1:-all}" in
   1.5b-vllm) pair_vllm ;;
   profile) profile ;;
   lossless) lossless ;;
-  all) smollm2; half; profile; pair; pair_vllm; lossless ;;
-  *) echo "usage: bash bench/real_runs.sh smollm2|0.5b|1.5b|1.5b-vllm|profile|lossless|all"
+  serve) serve_pair ;;
+  all) smollm2; half; profile; pair; pair_vllm; lossless; serve_pair ;;
+  *) echo "usage: bash bench/real_runs.sh smollm2|0.5b|1.5b|1.5b-vllm|profile|lossless|serve|all"
      exit 2 ;;
 esac

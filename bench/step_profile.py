@@ -247,14 +247,14 @@ def llama_bench(model: str, threads: int, context: int) -> dict:
     and its batches of 4, 8 and 16 tokens after `context` cached tokens, ms each."""
     import subprocess
 
-    from leapdecode.bench.llamacpp_peer import binary, find_dir, gguf_for
+    from leapdecode.bench.llamacpp_peer import binary, find_dir, gguf_for, precisions
 
     folder = find_dir(None)
     if folder is None:
         print("llama.cpp is not built here (bash bench/llamacpp_env.sh): no llama-bench rows")
         return {}
     out = {}
-    for precision in ("GGUF", "BF16"):
+    for precision in precisions(None, [model]):  # GGUF only for a catalogue model
         path = gguf_for(model, precision, folder)
         cmd = [binary(folder, "llama-bench"), "-m", path, "-t", str(threads), "-p", "4,8,16",
                "-n", "32", "-d", str(context), "-r", "3", "-o", "json"]  # fmt: skip

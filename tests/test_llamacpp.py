@@ -95,6 +95,22 @@ def test_labels_carry_the_precision_and_speculative_rows_check_against_their_pla
     assert "## Against llama.cpp" in text and "llamacpp-ngram k=64 BF16" in text
 
 
+def test_precisions_follow_where_the_models_came_from(tmp_path, capsys):
+    """GGUF rows run a catalogue model's own file: by default left out, with a line, for a
+    folder not pulled from the catalogue; asked for there, one clear error before loading."""
+    pulled, plain = tmp_path / "pulled", tmp_path / "plain"
+    pulled.mkdir(), plain.mkdir()
+    (pulled / "leapdecode-pull.json").write_text('{"name": "smollm2-135m-instruct"}')
+    assert lp.precisions(None, [str(pulled)]) == ["GGUF", "BF16"]
+    assert lp.precisions(None, [str(pulled), str(plain)]) == ["BF16"]
+    assert "BF16 only" in capsys.readouterr().out
+    assert lp.precisions("bf16,BF16", [str(plain)]) == ["BF16"]
+    with pytest.raises(LeapDecodeError, match="pass --llamacpp-precision BF16"):
+        lp.precisions("GGUF", [str(plain)])
+    with pytest.raises(LeapDecodeError, match="takes GGUF, BF16"):
+        lp.precisions("Q8", [str(pulled)])
+
+
 def test_a_llamacpp_folder_without_its_server_is_one_clear_line(capsys, tmp_path):
     code = main(["bench", "run", "--no-vllm", "--no-peers", "--out", str(tmp_path),
                  "--llamacpp", str(tmp_path), "--methods", "none,llamacpp"])  # fmt: skip
@@ -113,22 +129,18 @@ BUILT = lp.find_dir(None)
 @pytest.mark.skipif(
     BUILT is None, reason="llama.cpp is not built here (bash bench/llamacpp_env.sh)"
 )
-def test_a_real_llama_server_answers_token_ids_and_counts_its_drafts():
+def test_a_real_llama_server_answers_token_ids_and_counts_its_drafts(monkeypatch):
     """SmolLM2's own Q4_1 file on llama-server: plain and n-gram speculation (its own
     lossless claim, on the demo's revision, whose answer copies the prompt), each reply's
     counters consistent."""
     from helpers import pulled
 
     folder = pulled("smollm2-135m-instruct")
-    saved = os.environ.get("LEAPDECODE_CACHE")
-    os.environ["LEAPDECODE_CACHE"] = os.path.dirname(os.path.dirname(folder))
-    try:
+    with monkeypatch.context() as m:  # the GGUF is kept beside the test's pulled folder
+        m.setenv("LEAPDECODE_CACHE", os.path.dirname(os.path.dirname(folder)))
         configs = [("llamacpp GGUF", "llamacpp", 0, "GGUF"),
                    ("llamacpp-ngram k=16 GGUF", "llamacpp-ngram", 16, "GGUF")]  # fmt: skip
         peers = lp.LlamaCppPeers(BUILT, folder, None, configs, threads=2, context=1024, warm_up=1)
-    finally:
-        if saved is not None:
-            os.environ["LEAPDECODE_CACHE"] = saved
     try:
         from transformers import AutoTokenizer
 

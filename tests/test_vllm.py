@@ -163,6 +163,24 @@ def test_vllm_workers_preload_what_its_cpu_guide_asks_unless_told_otherwise(tmp_
     assert vllm_peer.worker_env(1, {"LD_PRELOAD": ""}, str(python))["LD_PRELOAD"] == ""
 
 
+def test_the_kv_cache_fits_the_model_length_target_and_draft(tmp_path):
+    """vLLM refuses to start when one request of max_model_len tokens does not fit its KV
+    cache (Qwen2.5-0.5B at 28,672 tokens needs 0.33 GiB): the cache is sized from config.json,
+    the draft model's added, a head's (no such config) not."""
+    from leapdecode.bench.vllm_peer import KV_CACHE_BYTES, kv_cache_bytes
+
+    qwen = tmp_path / "qwen"
+    qwen.mkdir()
+    (qwen / "config.json").write_text(json.dumps({
+        "num_attention_heads": 14, "num_key_value_heads": 2, "hidden_size": 896,
+        "num_hidden_layers": 24}))  # fmt: skip
+    need = 24 * 2 * 2 * 64 * 2 * 28672  # bytes: layers, k and v, KV heads, head size, bf16
+    assert need > KV_CACHE_BYTES
+    assert kv_cache_bytes([str(qwen)], "bfloat16", 28672) == need * 5 // 4
+    assert kv_cache_bytes([str(qwen), str(qwen)], "float32", 28672) == 4 * need * 5 // 4
+    assert kv_cache_bytes([str(qwen), str(tmp_path), None], "bfloat16", 512) == KV_CACHE_BYTES
+
+
 def test_sequence_is_what_the_proposers_take():
     """The adapter builds leapdecode Sequences: the fields the proposers read are there."""
     rows = integ.Rows(SpecConfig(method="suffix"), 64)
@@ -180,6 +198,7 @@ ONE_PROCESS = dict(
     engine_args={"enforce_eager": True, "distributed_executor_backend": "uni"},
     env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
 )
+PARALLEL = dict(ONE_PROCESS, parallel=True)  # small engines: all loaded at once
 
 
 def _vllm_python() -> str:
@@ -243,7 +262,7 @@ def vllm_engines(embedded, tmp_path_factory):
         export_speculators(target + "-peagle", target, peagle, verifier=target, dtype="float32")
         configs.append(("peagle", spec_config("vllm-peagle", 4, peagle=peagle)))
     peers = VllmPeers(python, target, configs, "float32", 1024, 1, str(out / "logs"),
-                      warm_up=0, **ONE_PROCESS)  # fmt: skip
+                      warm_up=0, **PARALLEL)  # fmt: skip
     yield peers
     peers.close()
 
@@ -284,7 +303,7 @@ def test_a_wrong_vllm_configuration_is_one_clear_error(embedded, tmp_path):
     bad = spec_config("vllm-leap-suffix", 8, extra={"suffix_decoding_max_tree_depth": 0})
     with pytest.raises(LeapDecodeError) as e:
         VllmPeers(python, embedded[0], [("bad", bad)], "float32", 1024, 1, str(tmp_path),
-                  warm_up=0, **ONE_PROCESS)  # fmt: skip
+                  warm_up=0, **PARALLEL)  # fmt: skip
     assert "suffix_decoding_max_tree_depth" in str(e.value)
 
 

@@ -203,9 +203,9 @@ def fill_parser(p, model_args) -> None:
     run.add_argument("--no-llamacpp", action="store_true", help="skip the llama.cpp peers")
     run.add_argument(
         "--llamacpp-precision",
-        default="GGUF,BF16",
+        default=None,
         help="llama.cpp's weights: GGUF (the catalogue's own quantized file), BF16 (a GGUF of the "
-        "weights we run), or both",
+        "weights we run), or both (default: both for catalogue models, else BF16)",
     )
     run.add_argument(
         "--llamacpp-draft-k",
@@ -348,11 +348,11 @@ def cmd_run(args) -> int:
     llamacpp_dir, precisions, llamacpp_ks = None, [], {}
     if not args.no_llamacpp and (keep is None or keep & set(runner.LLAMACPP)):
         from .llamacpp_peer import HINT as LHINT
-        from .llamacpp_peer import PRECISIONS, find_dir, version
+        from .llamacpp_peer import find_dir, version
+        from .llamacpp_peer import precisions as llamacpp_precisions
 
-        precisions = [p.strip().upper() for p in args.llamacpp_precision.split(",") if p.strip()]
-        if not precisions or set(precisions) - set(PRECISIONS):
-            raise LeapDecodeError(f"--llamacpp-precision takes {', '.join(PRECISIONS)}")
+        models = [target] + ([draft] if draft else [])
+        precisions = llamacpp_precisions(args.llamacpp_precision, models)
         llamacpp_ks = {
             "llamacpp-draft": _ks(args.llamacpp_draft_k, "--llamacpp-draft-k", 256),
             "llamacpp-ngram": _ks(args.llamacpp_ngram_k, "--llamacpp-ngram-k", 256),
@@ -540,7 +540,6 @@ def _vllm_peers(args, python, target, draft, dec, methods):
         torch.get_num_threads(),
         vocab_size=dec.target.vocab_size,
         warm_up=BENCH_WARM_UP,
-        parallel=False,
     )
 
 
@@ -685,12 +684,12 @@ def cmd_serve(args) -> int:
         raise LeapDecodeError(
             f"--llamacpp-configs takes none, draft, ngram, not {sorted(bad)[0]!r}"
         )
-    from .llamacpp_peer import PRECISIONS
+    if "llamacpp" in args.peer:
+        from ..resolve import resolve_models
+        from .llamacpp_peer import precisions
 
-    if {p.strip().upper() for p in args.llamacpp_precision.split(",") if p.strip()} - set(
-        PRECISIONS
-    ):
-        raise LeapDecodeError(f"--llamacpp-precision takes {', '.join(PRECISIONS)}")
+        models = [m for m in resolve_models(args.target, args.draft) if m]
+        args.llamacpp_precision = precisions(args.llamacpp_precision or "GGUF", models)
     bad = {c.strip() for c in (args.vllm_configs or "").split(",") if c.strip()} - {
         "none",
         "ngram",

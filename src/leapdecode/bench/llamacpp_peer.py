@@ -79,9 +79,32 @@ def version(folder: str) -> str:
     return next((line for line in text if line.startswith("version")), text[0] if text else "?")
 
 
+def precisions(flag: str | None, models: list[str]) -> list[str]:
+    """llama.cpp's precisions from --llamacpp-precision, checked before any model loads. GGUF
+    runs each model's catalogue GGUF file, so without the flag it is left out (with a line
+    saying so) for a model not pulled from the catalogue, and asked for, it is an error."""
+    if flag is None:
+        if all(catalogue_name(m) for m in models):
+            return list(PRECISIONS)
+        print("llama.cpp runs BF16 only: GGUF rows need models pulled from the catalogue")
+        return ["BF16"]
+    out = [p.strip().upper() for p in flag.split(",") if p.strip()]
+    if not out or set(out) - set(PRECISIONS):
+        raise LeapDecodeError(f"--llamacpp-precision takes {', '.join(PRECISIONS)}, not {flag!r}")
+    odd = [m for m in models if "GGUF" in out and catalogue_name(m) is None]
+    if odd:
+        raise LeapDecodeError(
+            f"llama.cpp's GGUF rows run a catalogue model's own GGUF file, and {odd[0]!r} was "
+            "not pulled from the catalogue: pass --llamacpp-precision BF16"
+        )
+    return list(dict.fromkeys(out))
+
+
 def catalogue_name(model: str) -> str | None:
     """The catalogue name a pulled folder came from (its pull marker), else None."""
-    marker = os.path.join(model, "leapdecode-pull.json")
+    from ..resolve import MARKER
+
+    marker = os.path.join(model, MARKER)
     if not os.path.isfile(marker):
         return None
     with open(marker) as f:
@@ -180,7 +203,11 @@ class Server:
                 cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         self.url = f"http://127.0.0.1:{self.port}"
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:  # an interrupt too: nobody holds this server yet to close it
+            self.close()
+            raise
 
     def _wait_ready(self, timeout: float = 600) -> None:
         t0 = time.monotonic()
@@ -197,7 +224,6 @@ class Server:
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.5)
-        self.close()
         raise LeapDecodeError(f"llama-server was not ready in {timeout:.0f} s: {self.log_path}")
 
     def _last_error(self) -> str:

@@ -471,7 +471,7 @@ def _llamacpp_peer(args):
     target, draft = resolve_models(args.target, args.draft)
     want = {c.strip() for c in args.llamacpp_configs.split(",") if c.strip()}
     rows = []
-    for p in (x.strip().upper() for x in args.llamacpp_precision.split(",") if x.strip()):
+    for p in args.llamacpp_precision:  # checked, a list (cmd_serve)
         if "none" in want:
             rows.append((f"llamacpp none {p}", "llamacpp", 0, p))
         if "draft" in want and draft is not None and not args.no_draft:

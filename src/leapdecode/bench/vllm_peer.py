@@ -40,6 +40,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 
 from ..errors import LeapDecodeError
 from ..paths import REPO
@@ -356,10 +357,10 @@ class Worker:
             except OSError:
                 pass
 
-    def finish(self) -> None:
-        """Wait for a worker asked to quit (a minute at most), then end its process group."""
+    def finish(self, grace_s: float = 60) -> None:
+        """Wait for a worker asked to quit (grace_s at most), then end its process group."""
         try:
-            self.proc.wait(timeout=60)
+            self.proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
         try:  # its engine processes too
@@ -367,6 +368,11 @@ class Worker:
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()
+            except OSError:  # a flush into a pipe nobody reads any more
+                pass
 
 
 def root_cause(path: str, offset: int = 0) -> str | None:
@@ -396,9 +402,9 @@ def tail(path: str, lines: int = 15) -> str:
 class VllmPeers:
     """The vLLM configurations of one bench run, each loaded once and kept for the run:
     configs = [(label, spec_config or None)]. Logs in log_dir, one per configuration.
-    parallel: load them all at once (the demo, the tests); a bench run loads one at a time,
-    so that no load's transient memory adds to the others' on a real checkpoint. env: extra
-    environment variables for every worker."""
+    parallel: load them all at once (the tests' small engines); by default one at a time,
+    so that no load's transient memory adds to the others' on a real checkpoint, and a timed
+    load is not shared. env: extra environment variables for every worker."""
 
     def __init__(
         self,
@@ -412,7 +418,7 @@ class VllmPeers:
         engine_args: dict | None = None,
         warm_up: int = WARM_UP,
         vocab_size: int = 256,
-        parallel: bool = True,
+        parallel: bool = False,
         env: dict | None = None,
     ) -> None:
         from tqdm import tqdm
@@ -425,41 +431,45 @@ class VllmPeers:
         warm_ids = [(7 * i) % max(2, min(500, vocab_size - 1)) + 1 for i in range(100)]
         warm_new = max(1, min(64, max_model_len - len(warm_ids) - 1))
         warm = {"op": "generate", "ids": warm_ids, "max_new_tokens": warm_new}
+        load = {
+            "op": "load",
+            "model": os.path.abspath(target),
+            "dtype": dtype,
+            "max_model_len": max_model_len,
+        }
+        # parallel: every engine loads (and warms up) at once, most of a load being Python
+        # imports; otherwise one after another
+        batches = [configs] if parallel else [[c] for c in configs]
         try:
-            # parallel: every engine loads (and warms up) at once, most of a load being
-            # Python imports in three processes; otherwise one after another
-            batches = [configs] if parallel else [[c] for c in configs]
-            bar = tqdm(total=len(configs), desc="loading vLLM engines", unit="engine")
-            for batch in batches:
-                started = []
-                for label, spec in batch:
-                    spec = dict(spec) if spec else None
-                    extra = (env or {}) | (spec.pop("_env", None) or {} if spec else {})
-                    spec = spec or None  # only environment variables: no speculation
-                    log = os.path.join(log_dir, _file_name(label) + ".log")
-                    w = self.workers[label] = Worker(python, log, threads, extra)
-                    w.send({
-                        "op": "load",
-                        "model": os.path.abspath(target),
-                        "dtype": dtype,
-                        "max_model_len": max_model_len,
-                        "speculative_config": spec,
-                        "engine_args": ENGINE_ARGS | (engine_args or {}),
-                    })  # fmt: skip
-                    started.append((label, w))
-                for label, w in started:
-                    self.load_s[label] = w.receive()["load_s"]
-                for _ in range(warm_up):
+            with tqdm(total=len(configs), desc="loading vLLM engines", unit="engine") as bar:
+                for batch in batches:
+                    started = []
+                    for label, spec in batch:
+                        spec = dict(spec) if spec else None
+                        extra = (env or {}) | ((spec.pop("_env", None) or {}) if spec else {})
+                        log = os.path.join(log_dir, _file_name(label) + ".log")
+                        w = self.workers[label] = Worker(python, log, threads, extra)
+                        kv = kv_cache_bytes([target, (spec or {}).get("model")], dtype,
+                                            max_model_len)  # fmt: skip
+                        w.send(load | {
+                            # a spec of environment variables only is no speculation
+                            "speculative_config": spec or None,
+                            "engine_args": ENGINE_ARGS | {"kv_cache_memory_bytes": kv}
+                            | (engine_args or {}),
+                        })  # fmt: skip
+                        started.append((label, w))
+                    for label, w in started:
+                        self.load_s[label] = w.receive()["load_s"]
+                    for _ in range(warm_up):
+                        for _, w in started:
+                            w.send(warm)
+                        for _, w in started:
+                            w.receive()
                     for _, w in started:
-                        w.send(warm)
-                    for _, w in started:
-                        w.receive()
-                for _, w in started:
-                    w.idle()
-                bar.update(len(batch))
-            bar.close()
+                        w.idle()
+                    bar.update(len(batch))
         except BaseException:
-            self.close()
+            self.close(grace_s=5)  # the others may be loading still: no minute's wait each
             raise
 
     def generate(self, label: str, ids: list[int], max_new_tokens: int, temperature=0.0, seed=0):
@@ -477,11 +487,32 @@ class VllmPeers:
         tokens = r["tokens"]
         return r["seconds"], tokens, r["forwards"], r["draft_tokens"], len(tokens) - r["forwards"]
 
-    def close(self) -> None:
-        for w in self.workers.values():  # all asked first: they shut down together
-            w.ask_to_quit()
+    def close(self, grace_s: float = 60) -> None:
+        """Every worker asked to quit first (they shut down together), then ended within one
+        shared grace period."""
         for w in self.workers.values():
-            w.finish()
+            w.ask_to_quit()
+        deadline = time.monotonic() + grace_s
+        for w in self.workers.values():
+            w.finish(max(0.1, deadline - time.monotonic()))
+
+
+def kv_cache_bytes(models: list[str | None], dtype: str, max_model_len: int) -> int:
+    """The KV cache an engine needs for one request of max_model_len tokens, its target's and
+    its draft model's (config.json: layers x k,v x KV heads x head size), with a quarter to
+    spare; KV_CACHE_BYTES at least. A folder whose config does not say (a head) adds none."""
+    need = 0
+    for model in models:
+        try:
+            with open(os.path.join(model, "config.json")) as f:
+                cfg = json.load(f)
+            heads = cfg["num_attention_heads"]
+            head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+            per_token = cfg["num_hidden_layers"] * 2 * cfg.get("num_key_value_heads", heads)
+            need += per_token * head_dim * (4 if dtype == "float32" else 2) * max_model_len
+        except (TypeError, OSError, KeyError, ValueError):
+            continue
+    return max(KV_CACHE_BYTES, need * 5 // 4)
 
 
 def _file_name(label: str) -> str:
