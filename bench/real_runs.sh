@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The bench runs behind docs/bench/real/ (real checkpoints; every peer beside ours). Each run
 # resumes where it stopped (bench run keeps a partial file): run the same line again.
-#   bash bench/real_runs.sh smollm2|0.5b|1.5b|1.5b-vllm|profile|lossless|serve|all
+#   bash bench/real_runs.sh smollm2|0.5b|1.5b|1.5b-vllm|profile|profile-peers|lossless|serve|all
 # Needs: the models pulled (`leapdecode pull NAME`; a run pulls what it lacks), llama.cpp
 # (`bash bench/llamacpp_env.sh`) and vLLM (`bash bench/vllm_env.sh`); a quiet machine.
 set -euo pipefail
@@ -30,8 +30,9 @@ half() {
     --methods "$OURS_DRAFTLESS,$HF_DRAFTLESS,$VLLM_DRAFTLESS,$LLAMA_DRAFTLESS" \
     --out "$OUT/qwen-0.5b"
 }
-# the pair: ours, transformers and llama.cpp in one run; vLLM in another (its engines each hold
-# the weights: four of the 1.5B beside ours and transformers' would not fit 24 GiB)
+# the pair: ours, transformers and llama.cpp in one run; vLLM in two others (each of its engines
+# holds its own copy of the weights, 4-5 GB with the process: four of them beside ours would
+# not fit 24 GiB), each with ours beside it and ours' plain decoding as the common baseline
 pair() {
   run --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \
     --draft-dtype bfloat16 "${COMMON[@]}" "${DRAFTLESS[@]}" --repeats 2 --draft-k 3 \
@@ -41,10 +42,12 @@ pair() {
 }
 pair_vllm() {
   run --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \
-    --draft-dtype bfloat16 "${COMMON[@]}" "${DRAFTLESS[@]}" --repeats 2 --draft-k 3 \
-    --vllm-draft-k 3 --no-peers --no-llamacpp \
-    --methods "none,draft,ngram,suffix,vllm,vllm-draft,vllm-ngram,vllm-suffix" \
+    --draft-dtype bfloat16 "${COMMON[@]}" --repeats 2 --draft-k 3 --vllm-draft-k 3 \
+    --no-peers --no-llamacpp --methods "none,draft,vllm,vllm-draft" \
     --out "$OUT/qwen-1.5b-pair-vllm"
+  run --target qwen2.5-coder-1.5b-instruct "${COMMON[@]}" "${DRAFTLESS[@]}" --repeats 2 \
+    --no-peers --no-llamacpp --methods "none,ngram,suffix,vllm-ngram,vllm-suffix" \
+    --out "$OUT/qwen-1.5b-vllm-draftless"
 }
 # the OpenAI server under load: ours (auto among them) against `vllm serve` and llama-server
 # (GGUF, its slots), C = 1, 2, 4, 8, 3 rounds; one request a client, 64 tokens (3-4 tokens/s a
@@ -75,15 +78,21 @@ profile() {
     --context 512 --reps 20 --threads 2 --no-compiled --engine-tokens 48 --llama-bench \
     --out "$OUT/step_profile_1.5b"
 }
+# vLLM's own decode step and verify rows on the same model, added to the profile above
+profile_peers() {
+  python bench/step_profile.py --target qwen2.5-coder-1.5b-instruct --context 512 --reps 10 \
+    --threads 2 --peers-only --vllm --out "$OUT/step_profile_1.5b"
+}
 case "${1:-all}" in
   smollm2) smollm2 ;;
   0.5b) half ;;
   1.5b) pair ;;
   1.5b-vllm) pair_vllm ;;
   profile) profile ;;
+  profile-peers) profile_peers ;;
   lossless) lossless ;;
   serve) serve_pair ;;
-  all) smollm2; half; profile; pair; pair_vllm; lossless; serve_pair ;;
-  *) echo "usage: bash bench/real_runs.sh smollm2|0.5b|1.5b|1.5b-vllm|profile|lossless|serve|all"
+  all) smollm2; half; profile; profile_peers; pair; pair_vllm; lossless; serve_pair ;;
+  *) echo "usage: bash bench/real_runs.sh smollm2|0.5b|1.5b|1.5b-vllm|profile|profile-peers|lossless|serve|all"
      exit 2 ;;
 esac

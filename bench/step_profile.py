@@ -273,6 +273,45 @@ def llama_bench(model: str, threads: int, context: int) -> dict:
     return out
 
 
+def vllm_step(target: str, python: str | None, threads: int, context: int, reps: int) -> dict:
+    """vLLM's own step on this model (its CPU build, bfloat16, the offline API in its worker):
+    every request's first `context` tokens cached (prefix caching on) and its tail new (a
+    fresh tail each time: a prompt wholly cached is recomputed by the block). Its decode step:
+    (t(1 + n tokens) - t(1 token)) / n from a 1-token tail; its batches of 4, 8 and 16 rows:
+    t(a 4, 8, 16-token tail) - t(a 1-token tail) + one decode step, the cost of verify rows as
+    llama-bench's -d/-p measure them. Medians of `reps` interleaved repetitions, ms."""
+    from leapdecode.bench.vllm_peer import VllmPeers, find_python
+
+    python = find_python(python)
+    if python is None:
+        print("vLLM is not built here (bash bench/vllm_env.sh): no vLLM rows")
+        return {}
+    n_new = 32
+    peers = VllmPeers(python, target, [("vllm", None)], "bfloat16", context + 64, threads,
+                      engine_args={"enable_prefix_caching": True}, warm_up=10)  # fmt: skip
+    try:
+        g = torch.Generator().manual_seed(1)
+        ids = torch.randint(100, 10_000, (context,), generator=g).tolist()
+        times = {"1": [], "decode": [], **{str(n): [] for n in (4, 8, 16)}}
+        def fresh(n: int) -> list[int]:  # the cached prompt and n new tokens
+            return ids + torch.randint(100, 10_000, (n,), generator=g).tolist()
+
+        for _ in tqdm(range(reps), desc="vLLM: interleaved steps"):
+            times["1"].append(peers.generate("vllm", fresh(1), 1)[0])
+            s, tokens, *_ = peers.generate("vllm", fresh(1), 1 + n_new, ignore_eos=True)
+            times["decode"].append(s)
+            assert len(tokens) == 1 + n_new, len(tokens)
+            for n in (4, 8, 16):
+                times[str(n)].append(peers.generate("vllm", fresh(n), 1)[0])
+        med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        decode = (med["decode"] - med["1"]) / n_new
+        ms = {1: decode, **{n: med[str(n)] - med["1"] + decode for n in (4, 8, 16)}}
+        return {"version": peers.version, "ms": ms, "request_1_token_ms": med["1"],
+                "reps": reps}  # fmt: skip
+    finally:
+        peers.close(grace_s=10)
+
+
 def main() -> int:
     global CONTEXT
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -287,6 +326,12 @@ def main() -> int:
                     help="tokens of the engine's generate runs (its Python's share)")  # fmt: skip
     ap.add_argument("--llama-bench", action="store_true",
                     help="also llama.cpp's llama-bench on the model's GGUF files")  # fmt: skip
+    ap.add_argument("--vllm", action="store_true",
+                    help="also vLLM's decode step and verify rows (bfloat16; bench/vllm_env.sh)")  # fmt: skip
+    ap.add_argument("--vllm-python", default=None, help="the vLLM environment's interpreter")
+    ap.add_argument("--peers-only", action="store_true",
+                    help="keep our rows from OUT.json; measure the peers' (--vllm, "
+                    "--llama-bench) and write OUT again")  # fmt: skip
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "step_profile"))
     ap.add_argument("--no-compiled", dest="compiled", action="store_false",
                     help="time the eager forward only")  # fmt: skip
@@ -302,6 +347,13 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     target = resolve_models(args.target, None)[0] if args.target else default_model(TARGET_NAME)
     config = load_config(target)
+    if args.peers_only:
+        try:
+            with open(args.out + ".json") as f:
+                result = json.load(f)
+        except (OSError, ValueError) as e:
+            sys.exit(f"--peers-only keeps the rows of {args.out}.json: {e}. Run without it first.")
+        return peers(result, target, config, args)
     slot = torch.tensor([0])
     g = torch.Generator().manual_seed(0)
     context = torch.randint(0, config.vocab_size, (1, CONTEXT), generator=g)
@@ -363,8 +415,30 @@ def main() -> int:
         result["dtypes"][dtype]["engine"] = engine_share(
             target, dtype, args.threads, args.engine_tokens
         )
+    return peers(result, target, config, args)
+
+
+def peers(result: dict, target: str, config, args) -> int:
+    """The peers' own steps (--llama-bench, --vllm) added to `result`, then written. The
+    bandwidth is measured again: the ceiling is the best read rate of either measurement, and
+    every share (ours included) is taken against it."""
+    if args.peers_only:
+        again = bandwidth_gbs()
+        old = result.get("bandwidths_gbs", {})
+        result["bandwidths_gbs"] = {k: max(v, old.get(k, 0.0)) for k, v in again.items()}
+        result["bandwidth_gbs"] = bw = result["bandwidths_gbs"]["read"]
+        for dtype, d in result["dtypes"].items():
+            size = getattr(torch, dtype).itemsize
+            d["floor_ms"] = step_bytes(config, result["context"], size) / bw / 1e6
+            for step in d["steps"].values():
+                step["bandwidth_share"] = d["floor_ms"] / step["ms"]
     if args.llama_bench:
-        result["llama_bench"] = llama_bench(target, args.threads, CONTEXT)
+        result["llama_bench"] = llama_bench(target, args.threads, result["context"])
+    if args.vllm:
+        v = vllm_step(target, args.vllm_python, args.threads, result["context"], args.reps)
+        if v:
+            v["bytes"] = step_bytes(config, result["context"], 2)
+            result["vllm"] = v
     write(result, args)
     return 0
 
@@ -439,6 +513,24 @@ def write(r: dict, args) -> None:
             lines.append(f"| {p} | {x['bytes'] / 1e9:.2f} | {ms[1]:.1f} | {floor / ms[1]:.0%} "
                          "| " + " | ".join(cells) + " |")  # fmt: skip
         lines.append("")
+    v = r.get("vllm")
+    if v:
+        ms = {int(k): x for k, x in v["ms"].items()}
+        floor = v["bytes"] / r["bandwidth_gbs"] / 1e6
+        lines += [f"## vLLM {v['version']} (its CPU build, bfloat16) on the same model", "",
+                  f"Every request's first {r['context']} tokens are cached (prefix caching) "
+                  "and its tail is new. Its decode step: (a request for 33 tokens - one for 1 "
+                  "token) / 32, from a 1-token tail; its batches of 4, 8 and 16 rows: a 4, 8 "
+                  "or 16-token tail, minus the 1-token tail, plus one decode step. Medians of "
+                  f"{v['reps']} interleaved repetitions (a 1-token request: "
+                  f"{v['request_1_token_ms']:.1f} ms). Share of the bandwidth floor: the "
+                  "step's bytes of weights and cache (bfloat16) over the bandwidth, over the "
+                  "step.", "",
+                  "| weights | GB read a step | decode ms | share of the bandwidth floor | 4 rows "
+                  "(x decode) | 8 rows | 16 rows |", "|---|---|---|---|---|---|---|",
+                  f"| bfloat16 | {v['bytes'] / 1e9:.2f} | {ms[1]:.1f} | {floor / ms[1]:.0%} | "
+                  + " | ".join(f"{ms[n]:.1f} ms ({ms[n] / ms[1]:.2f}x)" for n in (4, 8, 16))
+                  + " |", ""]  # fmt: skip
     with open(args.out + ".md", "w") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))

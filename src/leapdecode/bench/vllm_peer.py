@@ -472,14 +472,18 @@ class VllmPeers:
             self.close(grace_s=5)  # the others may be loading still: no minute's wait each
             raise
 
-    def generate(self, label: str, ids: list[int], max_new_tokens: int, temperature=0.0, seed=0):
+    def generate(
+        self, label: str, ids: list[int], max_new_tokens: int, temperature=0.0, seed=0,
+        ignore_eos: bool = False,
+    ):  # fmt: skip
         """(seconds, tokens, target forwards, drafted, accepted), timed inside the worker;
         forwards are the engine's steps (the prefill included), accepted the tokens past
-        one a forward. Greedy, or sampled at `temperature` from `seed`."""
+        one a forward. Greedy, or sampled at `temperature` from `seed`; ignore_eos: exactly
+        max_new_tokens."""
         w = self.workers[label]
         w.wake()
         msg = dict(op="generate", ids=list(ids), max_new_tokens=max_new_tokens)
-        msg |= dict(temperature=temperature, seed=seed)
+        msg |= dict(temperature=temperature, seed=seed, ignore_eos=ignore_eos)
         try:
             r = w.call(msg)
         finally:
