@@ -51,15 +51,20 @@ pair_vllm() {
 }
 # the OpenAI server under load: ours (auto among them) against `vllm serve` and llama-server
 # (GGUF, its slots), C = 1, 2, 4, 8, 3 rounds; one request a client, 64 tokens (3-4 tokens/s a
-# stream on the 1.5B: the defaults would run for hours)
+# stream on the 1.5B: the defaults would run for hours). Two runs, ours in each: every server
+# stays up for its run, and two vLLM servers of the 1.5B (about 8 GB each: its engine keeps a
+# second, prepacked copy of the weights) beside ours leave no room for llama.cpp's
 serve_pair() {
-  echo "== leapdecode bench serve (the pair)"
-  leapdecode bench serve --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \
-    --dtype bfloat16 --draft-dtype bfloat16 --concurrency 1,2,4,8 --rounds 3 \
-    --requests-min 2 --requests-per-client 1 --max-new-tokens 64 --draft-k 3 --ngram-k 8 \
-    --suffix-k 16 --configs none,draft,ngram,suffix,auto --peer vllm,llamacpp \
-    --vllm-configs none,ngram --vllm-ngram-k 8 --llamacpp-configs none,draft,ngram \
-    --out "$OUT/serve-pair"
+  local serve=(leapdecode bench serve --target qwen2.5-coder-1.5b-instruct
+    --draft qwen2.5-coder-0.5b-instruct --dtype bfloat16 --draft-dtype bfloat16
+    --concurrency 1,2,4,8 --rounds 3 --requests-min 2 --requests-per-client 1
+    --max-new-tokens 64 --draft-k 3 --ngram-k 8 --suffix-k 16
+    --configs none,draft,ngram,suffix,auto)
+  echo "== leapdecode bench serve (the pair, against vllm serve)"
+  "${serve[@]}" --peer vllm --vllm-configs none,ngram --vllm-ngram-k 8 --out "$OUT/serve-pair-vllm"
+  echo "== leapdecode bench serve (the pair, against llama-server)"
+  "${serve[@]}" --peer llamacpp --llamacpp-configs none,draft,ngram --llamacpp-precision GGUF \
+    --out "$OUT/serve-pair-llamacpp"
 }
 # ours against transformers in float32 on each run's own prompts (chat included), 128 tokens:
 # the bfloat16 runs' differences are then told apart from a fault

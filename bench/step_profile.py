@@ -293,6 +293,7 @@ def vllm_step(target: str, python: str | None, threads: int, context: int, reps:
         g = torch.Generator().manual_seed(1)
         ids = torch.randint(100, 10_000, (context,), generator=g).tolist()
         times = {"1": [], "decode": [], **{str(n): [] for n in (4, 8, 16)}}
+
         def fresh(n: int) -> list[int]:  # the cached prompt and n new tokens
             return ids + torch.randint(100, 10_000, (n,), generator=g).tolist()
 
@@ -359,7 +360,9 @@ def main() -> int:
     context = torch.randint(0, config.vocab_size, (1, CONTEXT), generator=g)
     bandwidths = bandwidth_gbs()
     bandwidth = bandwidths["read"]
-    result = {"bandwidths_gbs": bandwidths,"target": args.target or TARGET_NAME, "threads": args.threads, "context": CONTEXT,
+    result = {"bandwidths_gbs": bandwidths, "target": args.target or TARGET_NAME,
+              "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+              "threads": args.threads, "context": CONTEXT,
               "bandwidth_gbs": bandwidth, "flops_per_row": flops_per_row(config, CONTEXT),
               "dtypes": {}}  # fmt: skip
     for dtype in args.dtypes.split(","):
@@ -451,7 +454,8 @@ def write(r: dict, args) -> None:
              "other operations", "Python and dispatch (no operation)"]  # fmt: skip
     lines = [f"# One step of {r['target']}: where it goes, against the machine's ceiling",
              "", f"`python bench/step_profile.py {' '.join(sys.argv[1:])}`: "
-             f"{r['context']} tokens cached, {r['threads']} thread(s); median of "
+             f"{r['context']} tokens cached, {r['threads']} thread(s) (CPU: "
+             f"{r.get('cpu_capability', 'not recorded')}); median of "
              f"{args.reps} interleaved repetitions; kinds from torch.profiler's self times, "
              "scaled to the unprofiled step (the LM head's matmul timed apart); arithmetic "
              f"{r['flops_per_row'] / 1e6:.1f} MFLOP a row. Memory bandwidth: "

@@ -617,7 +617,8 @@ def _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed) -> dict:
         f"median of {repeats} interleaved rounds after a warm-up"
         + (f"; draft confidence cut-off {args.draft_min_prob}" if args.draft_min_prob else "")
         + (f"; max_new_tokens capped at {cap}" if cap else "")
-        + f"; {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+        + f"; {platform.processor() or platform.machine()} "
+        f"({torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads, "
         f"torch {torch.__version__}; run took {elapsed / 60:.1f} min."
     )
     return {
