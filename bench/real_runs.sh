@@ -80,13 +80,13 @@ lossless() {
 }
 profile() {
   python bench/step_profile.py --target qwen2.5-coder-1.5b-instruct --rows 1,5,9,17 \
-    --context 512 --reps 20 --threads 2 --no-compiled --engine-tokens 48 --llama-bench \
+    --context 512 --reps 20 --threads 2 --no-compiled --engine-tokens 48 --llama-bench --vllm \
     --out "$OUT/step_profile_1.5b"
 }
-# vLLM's own decode step and verify rows on the same model, added to the profile above
+# the peers' steps added to the profile above (one whose llama.cpp or vLLM was not built then)
 profile_peers() {
   python bench/step_profile.py --target qwen2.5-coder-1.5b-instruct --context 512 --reps 10 \
-    --threads 2 --peers-only --vllm --out "$OUT/step_profile_1.5b"
+    --threads 2 --peers-only --vllm --llama-bench --out "$OUT/step_profile_1.5b"
 }
 case "${1:-all}" in
   smollm2) smollm2 ;;
@@ -97,7 +97,7 @@ case "${1:-all}" in
   profile-peers) profile_peers ;;
   lossless) lossless ;;
   serve) serve_pair ;;
-  all) smollm2; half; profile; profile_peers; pair; pair_vllm; lossless; serve_pair ;;
+  all) smollm2; half; profile; pair; pair_vllm; lossless; serve_pair ;;
   *) echo "usage: bash bench/real_runs.sh smollm2|0.5b|1.5b|1.5b-vllm|profile|profile-peers|lossless|serve|all"
      exit 2 ;;
 esac

@@ -339,7 +339,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from leapdecode.models import load_model
-    from leapdecode.models.loader import load_config
+    from leapdecode.models.loader import cpu_description, load_config
     from leapdecode.paths import TARGET_NAME, default_model
     from leapdecode.resolve import resolve_models
 
@@ -354,6 +354,10 @@ def main() -> int:
                 result = json.load(f)
         except (OSError, ValueError) as e:
             sys.exit(f"--peers-only keeps the rows of {args.out}.json: {e}. Run without it first.")
+        here = cpu_description()
+        if result.get("cpu_capability", here) != here:
+            sys.exit(f"{args.out}.json was measured on a CPU with {result['cpu_capability']}; "
+                     f"this one has {here}: run the whole profile again (without --peers-only)")  # fmt: skip
         return peers(result, target, config, args)
     slot = torch.tensor([0])
     g = torch.Generator().manual_seed(0)
@@ -361,7 +365,7 @@ def main() -> int:
     bandwidths = bandwidth_gbs()
     bandwidth = bandwidths["read"]
     result = {"bandwidths_gbs": bandwidths, "target": args.target or TARGET_NAME,
-              "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+              "cpu_capability": cpu_description(),
               "threads": args.threads, "context": CONTEXT,
               "bandwidth_gbs": bandwidth, "flops_per_row": flops_per_row(config, CONTEXT),
               "dtypes": {}}  # fmt: skip

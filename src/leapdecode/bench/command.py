@@ -589,6 +589,8 @@ def _signature(args, target, draft, dec, sets, methods, repeats, cap) -> dict:
 def _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed) -> dict:
     import torch
 
+    from ..models.loader import cpu_description
+
     c = costs
     cost_line = (
         f"Costs at {c['context']} cached tokens (median of 30 interleaved forwards): target decode "
@@ -618,7 +620,7 @@ def _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed) -> dict:
         + (f"; draft confidence cut-off {args.draft_min_prob}" if args.draft_min_prob else "")
         + (f"; max_new_tokens capped at {cap}" if cap else "")
         + f"; {platform.processor() or platform.machine()} "
-        f"({torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads, "
+        f"({cpu_description()}), {torch.get_num_threads()} threads, "
         f"torch {torch.__version__}; run took {elapsed / 60:.1f} min."
     )
     return {

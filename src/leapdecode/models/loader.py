@@ -52,6 +52,13 @@ def cpu_has_fast_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def cpu_description() -> str:
+    """The CPU's vector capability as torch sees it, and whether bfloat16 is native: machines
+    of one kind differ (an AVX2-only EPYC emulates bfloat16), and a timing says which ran it."""
+    bf16 = "native bfloat16" if cpu_has_fast_bf16() else "bfloat16 emulated"
+    return f"{torch.backends.cpu.get_cpu_capability()}, {bf16}"
+
+
 def resolve_dtype(dtype: str | torch.dtype, config=None) -> torch.dtype:
     """A torch dtype from a name; "auto" is the checkpoint's own (config.json `dtype`)."""
     if isinstance(dtype, torch.dtype):
