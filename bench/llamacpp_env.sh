@@ -18,9 +18,23 @@ DIR="$(cd "$DIR" && pwd)"
 SDIST="$DIR/llama_cpp_python-$VERSION.tar.gz"
 if [ ! -f "$SDIST" ]; then
   echo "downloading llama-cpp-python $VERSION's source from PyPI (76 MB)"
-  "$PY" -m pip download --quiet --no-deps --no-binary :all: --no-build-isolation \
-    "llama-cpp-python==$VERSION" -d "$DIR" \
-    || "$PY" -m pip download --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$DIR"
+  # the file itself, from PyPI's simple index (pip download would prepare the sdist's metadata,
+  # which needs its build backend); pip download if that fails (a mirror in pip's config)
+  "$PY" - "$VERSION" "$SDIST.partial" <<'PYEOF' && mv "$SDIST.partial" "$SDIST" \
+    || "$PY" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$DIR"
+import json, sys, urllib.request
+version, out = sys.argv[1], sys.argv[2]
+name = f"llama_cpp_python-{version}.tar.gz"
+try:  # PyPI's simple index (PEP 691, JSON), what pip reads
+    req = urllib.request.Request("https://pypi.org/simple/llama-cpp-python/",
+                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        files = json.load(r)["files"]
+    url = next(f["url"] for f in files if f["filename"] == name)
+    urllib.request.urlretrieve(url, out)
+except Exception as e:  # noqa: BLE001 - the shell falls back to pip download
+    sys.exit(f"PyPI's index did not give {name} ({e}); trying pip download")
+PYEOF
 fi
 echo "$SHA256  $SDIST" | sha256sum -c --quiet - \
   || { echo "the sdist's sha256 is not the pinned one: delete $SDIST and run again"; rm -f "$SDIST"; exit 1; }
