@@ -452,12 +452,16 @@ def peers(result: dict, target: str, config, args) -> int:
 
 def write(r: dict, args) -> None:
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    # every command that wrote this profile (--peers-only adds to an earlier one)
+    r["commands"] = r.get("commands", []) + [
+        f"python bench/step_profile.py {' '.join(sys.argv[1:])}"
+    ]
     with open(args.out + ".json", "w") as f:
         json.dump(r, f, indent=1)
     kinds = ["matmul", "matmul (LM head)", *(k for k, _ in KINDS if k != "matmul"),
              "other operations", "Python and dispatch (no operation)"]  # fmt: skip
     lines = [f"# One step of {r['target']}: where it goes, against the machine's ceiling",
-             "", f"`python bench/step_profile.py {' '.join(sys.argv[1:])}`: "
+             "", " then ".join(f"`{c}`" for c in r["commands"]) + ": "
              f"{r['context']} tokens cached, {r['threads']} thread(s) (CPU: "
              f"{r.get('cpu_capability', 'not recorded')}); median of "
              f"{args.reps} interleaved repetitions; kinds from torch.profiler's self times, "
