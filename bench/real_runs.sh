@@ -31,7 +31,7 @@ half() {
     --out "$OUT/qwen-0.5b"
 }
 # the pair: ours, transformers and llama.cpp in one run; vLLM in two others (each of its engines
-# holds its own copy of the weights, 4-5 GB with the process: four of them beside ours would
+# holds its own copies of the weights, 6-8 GB for the 1.5B: four of them beside ours would
 # not fit 24 GiB), each with ours beside it and ours' plain decoding as the common baseline
 pair() {
   run --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \
