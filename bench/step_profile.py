@@ -440,7 +440,9 @@ def peers(result: dict, target: str, config, args) -> int:
             for step in d["steps"].values():
                 step["bandwidth_share"] = d["floor_ms"] / step["ms"]
     if args.llama_bench:
-        result["llama_bench"] = llama_bench(target, args.threads, result["context"])
+        lb = llama_bench(target, args.threads, result["context"])
+        if lb:  # llama.cpp not built: an earlier profile keeps its rows
+            result["llama_bench"] = lb
     if args.vllm:
         v = vllm_step(target, args.vllm_python, args.threads, result["context"], args.reps)
         if v:
