@@ -112,6 +112,8 @@ class LeapDecoder:
         device: str | None = None,
         dtype: str = "auto",
         draft_dtype: str | None = None,
+        quantize: str | None = None,
+        draft_quantize: str | None = None,
         draft_vocab: int | None = None,
         max_num_seqs: int = 16,
         threads: int | None = None,
@@ -127,6 +129,9 @@ class LeapDecoder:
         runs on a GPU with LEAPDECODE_DEVICE=cuda);
         dtype: float32 | bfloat16 | float16 | auto (the checkpoint's own);
         draft_dtype: the draft's, when it differs (default: the same as dtype);
+        quantize / draft_quantize: "int8" or "int4", weight-only quantization of the target's /
+        the draft's linear layers at load (native backend, bfloat16 or float16; lossless
+        against the quantized model's own output; models/quant.py);
         draft_vocab: the draft proposes only its N most frequent tokens (default: the draft
         folder's recommendation; 0: all), set once for every request;
         max_num_seqs: KV slots, the most sequences decoded together;
@@ -159,11 +164,13 @@ class LeapDecoder:
                 s if os.path.isdir(s) else resolve_model(s, "speculator")
                 for s in ([speculators] if isinstance(speculators, str) else speculators)
             ]
-        target_model = load_model(target, backend, device, dtype, what="target")
+        target_model = load_model(target, backend, device, dtype, "target", quantize)
         tokenizer = load_tokenizer(target)
         draft_model = None
         if draft is not None:
-            draft_model = load_model(draft, backend, device, draft_dtype or dtype, what="draft")
+            draft_model = load_model(
+                draft, backend, device, draft_dtype or dtype, "draft", draft_quantize
+            )
             _check_same_vocab(target, tokenizer, draft)
         ranking = read_vocab_ranking(draft)
         pard_model = None

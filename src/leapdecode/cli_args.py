@@ -46,6 +46,20 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help="the draft's dtype (default: the same as --dtype)",
     )
     p.add_argument(
+        "--quantize",
+        default=None,
+        choices=["int8", "int4"],
+        help="weight-only quantization of the target's linear layers at load (native backend, "
+        "with --dtype bfloat16 or float16): int8, a scale per output channel; int4, groups of "
+        "128 (the LM head keeps int8). Lossless against the quantized model's own output",
+    )
+    p.add_argument(
+        "--draft-quantize",
+        default=None,
+        choices=["int8", "int4"],
+        help="the same for the draft (default: none)",
+    )
+    p.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -219,6 +233,8 @@ def load_options(args) -> dict:
         device=args.device,
         dtype=args.dtype,
         draft_dtype=args.draft_dtype,
+        quantize=args.quantize,
+        draft_quantize=args.draft_quantize,
         threads=args.threads,
         speculators=args.speculator,
         compile=args.compile,

@@ -573,6 +573,7 @@ def _signature(args, target, draft, dec, sets, methods, repeats, cap) -> dict:
         return [os.path.abspath(path), st]
 
     rows = [(r["id"], r["prompt"], r["max_new_tokens"]) for v in sets.values() for r in v]
+    quantized = getattr(args, "quantize", None) or getattr(args, "draft_quantize", None)
     prompts = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
     return {
         "target": stamp(target),
@@ -580,6 +581,8 @@ def _signature(args, target, draft, dec, sets, methods, repeats, cap) -> dict:
         "speculators": [stamp(p) for p in (args.speculator or beside(target))],
         "dtype": str(dec.target.dtype),
         "draft_dtype": str(dec.draft.dtype) if dec.draft else None,
+        # only when set: runs from before the option keep resuming
+        **({"quantize": [args.quantize, args.draft_quantize]} if quantized else {}),
         "draft_vocab": args.draft_vocab,
         "device": str(dec.target.device),
         "cpu": cpu_description() if dec.target.device.type == "cpu" else None,

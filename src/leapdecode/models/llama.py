@@ -17,12 +17,17 @@ import torch.nn.functional as F
 from ..errors import LeapDecodeError
 from .base import CausalLM, ForwardOutput, HiddenRequest
 from .kv_cache import KVCache
+from .ops import Packed
+from .ops import dense as _dense
 from .ops import linear as _linear
+from .ops import pack as _pack
 from .ops import rms_norm as _rms_norm
 from .ops import transposed as _transposed
+from .quant import check_scheme, quantize
 from .rope import apply_rope, rope_tables
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+APART_ROWS = 65  # steps of up to config.MAX_K + 1 new tokens attend a row at a time (exact_rows)
 CAUSAL = object()  # _masks: a fresh prompt's plain causal attention (SDPA's is_causal)
 
 
@@ -33,15 +38,16 @@ class NativeUnsupported(Exception):
 @dataclass
 class LayerWeights:
     attn_norm: torch.Tensor  # [hidden]
-    wqkv: torch.Tensor  # [hidden, (H + 2 H_kv) D]  (layout: see _transposed; shown as [in, out])
+    # matrices shown as [in, out]; laid out as _transposed says, or ops.Packed (oneDNN)
+    wqkv: torch.Tensor | Packed  # [hidden, (H + 2 H_kv) D]
     bqkv: torch.Tensor | None  # [(H + 2 H_kv) D]
     qk_norm: torch.Tensor | None  # [H + H_kv, D] (Qwen3)
-    wo: torch.Tensor  # [H D, hidden]
+    wo: torch.Tensor | Packed  # [H D, hidden]
     bo: torch.Tensor | None
     mlp_norm: torch.Tensor  # [hidden]
-    w_gate_up: torch.Tensor  # [hidden, 2 I]
+    w_gate_up: torch.Tensor | Packed  # [hidden, 2 I]
     b_gate_up: torch.Tensor | None
-    w_down: torch.Tensor  # [I, hidden]
+    w_down: torch.Tensor | Packed  # [I, hidden]
     b_down: torch.Tensor | None
     window: int | None  # sliding-window size, None for full attention
 
@@ -193,7 +199,14 @@ def _layer_windows(config, n_layers: int) -> list[int | None]:
 class NativeLlama(CausalLM):
     name = "native"
 
-    def __init__(self, path: str, config, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        path: str,
+        config,
+        device: torch.device,
+        dtype: torch.dtype,
+        quantize: str | None = None,
+    ) -> None:
         if config.model_type not in SUPPORTED_TYPES:
             raise NativeUnsupported(f"model_type {config.model_type!r}")
         if getattr(config, "hidden_act", "silu") not in ("silu", "swish"):
@@ -208,6 +221,8 @@ class NativeLlama(CausalLM):
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
         self.eps = config.rms_norm_eps
         self.path = path
+        check_scheme(quantize, dtype, device)
+        self.quantize = quantize  # None, "int8" or "int4" (weight-only: models/quant.py)
         self.model_max_context = self.max_context = int(config.max_position_embeddings)
         with SafetensorsReader(path) as reader:
             self._load(reader, config)
@@ -221,6 +236,10 @@ class NativeLlama(CausalLM):
         # PyTorch's CPU attention kernel is about 3x slower in bfloat16 for one query row,
         # and float32 holds bfloat16/float16 keys and values exactly.
         self.attn_dtype = torch.float32 if device.type == "cpu" else dtype
+        # bfloat16 / float16 on CPU: every query row of a decode or verify step attends in a
+        # call of its own over exactly its visible keys (see _rows_apart), so a verify row
+        # computes the bits the decode step of that token computes (logits tie often here)
+        self.exact_rows = device.type == "cpu" and dtype != torch.float32
         self.cache: KVCache | None = None
         self.compiled = None  # a CompiledForward once compile() is called
 
@@ -238,10 +257,26 @@ class NativeLlama(CausalLM):
             )
         from .compiled import CompiledForward
 
+        if self.quantize:
+            raise LeapDecodeError(
+                f"--compile runs plain weights, and this model is quantized ({self.quantize}): "
+                "leave out --compile or --quantize"
+            )
+        self._unpack()  # the graph takes plain weights (inductor lays them out itself)
         self.compiled = CompiledForward(self, keep)
         return self.compiled.warm_up(max_rows) if warm_up else 0.0
 
     # ----------------------------------------------------------------- weights
+    def _unpack(self) -> None:
+        """Every weight back in its plain layout (ops.Packed -> tensor), one at a time."""
+        for layer in self.layers:
+            for name in ("wqkv", "wo", "w_gate_up", "w_down"):
+                setattr(layer, name, _dense(getattr(layer, name)))
+        packed_head = self.lm_head is self._full_lm_head
+        self._full_lm_head = self._full_head
+        self.lm_head = self._full_head if packed_head else _dense(self.lm_head)
+        _give_back_freed()
+
     @property
     def reads_own_context(self) -> bool:
         return self.compiled is not None and self.compiled.kernel
@@ -264,6 +299,13 @@ class NativeLlama(CausalLM):
             return None if any(t is None for t in ts) else torch.cat(ts, dim=0).contiguous()
 
         layout = torch.empty(0, dtype=self.dtype, device=self.device)
+
+        def lay(w, head=False):
+            """A weight [out, in] in its layout for _linear: quantized, packed, or plain."""
+            if self.quantize:
+                scheme = "int8" if head else self.quantize  # the LM head keeps 8 bits
+                return quantize(w, scheme, self.dtype)
+            return _pack(w)
 
         def cat_t(*ts):
             """Matrices [out_i, in] fused along out and laid out for _linear, converted as
@@ -297,17 +339,19 @@ class NativeLlama(CausalLM):
             self.layers.append(
                 LayerWeights(
                     attn_norm=take(p + "input_layernorm.weight"),
-                    wqkv=cat_t(*(raw(p + f"self_attn.{n}_proj.weight") for n in "qkv")),
+                    wqkv=lay(cat_t(*(raw(p + f"self_attn.{n}_proj.weight") for n in "qkv"))),
                     bqkv=cat(*(take(p + f"self_attn.{n}_proj.bias", False) for n in "qkv")),
                     qk_norm=qk_norm,
-                    wo=cat_t(raw(p + "self_attn.o_proj.weight")),
+                    wo=lay(cat_t(raw(p + "self_attn.o_proj.weight"))),
                     bo=take(p + "self_attn.o_proj.bias", False),
                     mlp_norm=take(p + "post_attention_layernorm.weight"),
-                    w_gate_up=cat_t(raw(p + "mlp.gate_proj.weight"), raw(p + "mlp.up_proj.weight")),
+                    w_gate_up=lay(
+                        cat_t(raw(p + "mlp.gate_proj.weight"), raw(p + "mlp.up_proj.weight"))
+                    ),
                     b_gate_up=cat(
                         take(p + "mlp.gate_proj.bias", False), take(p + "mlp.up_proj.bias", False)
                     ),
-                    w_down=cat_t(raw(p + "mlp.down_proj.weight")),
+                    w_down=lay(cat_t(raw(p + "mlp.down_proj.weight"))),
                     b_down=take(p + "mlp.down_proj.bias", False),
                     window=windows[i],
                 )
@@ -318,8 +362,8 @@ class NativeLlama(CausalLM):
         lm_head = reader.drop("lm_head.weight") if tied else raw("lm_head.weight", False)
         if lm_head is None:
             lm_head = self.embed
-        self.lm_head = cat_t(lm_head)  # [hidden, V] (layout: see _transposed)
-        self._full_head = self.lm_head
+        self._full_head = cat_t(lm_head)  # [hidden, V] (layout: see _transposed), to slice
+        self._full_lm_head = self.lm_head = lay(self._full_head, head=True)
         self.head_ids = None
         _give_back_freed()
         leftover = [n for n in reader.names() if "rotary_emb" not in n]
@@ -331,10 +375,11 @@ class NativeLlama(CausalLM):
         vocabulary, and its output matmul is a large share of a small model's step)."""
         full = self._full_head
         if token_ids is None:
-            self.lm_head, self.head_ids = full, None
+            self.lm_head, self.head_ids = self._full_lm_head, None
             return
         ids = token_ids.to(device=full.device, dtype=torch.long)
-        self.lm_head = (full[:, ids] if _transposed(full) else full[ids]).contiguous()
+        sliced = (full[:, ids] if _transposed(full) else full[ids]).contiguous()
+        self.lm_head = quantize(sliced, "int8", self.dtype) if self.quantize else _pack(sliced)
         self.head_ids = ids
 
     # ------------------------------------------------------- for speculator heads
@@ -348,7 +393,7 @@ class NativeLlama(CausalLM):
 
     def head_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The target's (full) LM head on normed hidden states [..., hidden] -> [..., V]."""
-        return _linear(x.to(self.dtype), self._full_head, None).float()
+        return _linear(x.to(self.dtype), self._full_lm_head, None).float()
 
     # ------------------------------------------------------------------- cache
     def kv_bytes_per_token(self) -> int:
@@ -412,6 +457,43 @@ class NativeLlama(CausalLM):
                 allowed &= key_pos > (query_pos.cpu()[:, :, None] - window)
             masks[window] = allowed[:, None].to(self.device)
         return masks
+
+    @staticmethod
+    def _rows_apart(mask, batch: int, n_new: int, span: int) -> list[tuple[int, int, object]]:
+        """(b, t, keys) for every query row: keys the slice (or the index tensor, for a tree
+        row) of the cache positions it sees. One SDPA call a row over exactly those keys
+        computes the same bits whatever else the step holds: a one-row decode step and row t
+        of a verify step read the same slice of the same cache. A masked call over the
+        step's whole span does not: its reductions run over padded lengths, and a float32
+        difference in the last bit rounds to another bfloat16 now and then."""
+        rows = []
+        for b in range(batch):
+            for t in range(n_new):
+                if mask is None:
+                    rows.append((b, t, slice(0, span)))
+                    continue
+                idx = mask[b, 0, t].nonzero()[:, 0].cpu()  # [visible]
+                lo, hi = int(idx[0]), int(idx[-1]) + 1
+                rows.append((b, t, slice(lo, hi) if hi - lo == idx.numel() else idx))
+        return rows
+
+    @staticmethod
+    def _attend_apart(q, keys, values, rows, gqa: bool) -> torch.Tensor:
+        """q [B, H, T, D], keys / values [B, H_kv, S, D]; rows from _rows_apart ->
+        [B, H, T, D]."""
+        o = torch.empty_like(q)
+        for b, t, seen in rows:
+            if isinstance(seen, slice):
+                k, v = keys[b : b + 1, :, seen], values[b : b + 1, :, seen]
+            else:
+                k, v = (
+                    keys[b : b + 1].index_select(2, seen),
+                    values[b : b + 1].index_select(2, seen),
+                )
+            o[b : b + 1, :, t : t + 1] = F.scaled_dot_product_attention(
+                q[b : b + 1, :, t : t + 1], k, v, enable_gqa=gqa
+            )
+        return o
 
     @staticmethod
     def _widen(mask, rows: torch.Tensor, width: int, n_new: int, span: int):
@@ -645,6 +727,9 @@ class NativeLlama(CausalLM):
             if out is not None:
                 return out
         masks = self._masks(start, n_new, span, tree_mask, positions, same_start)
+        apart = None  # window -> _rows_apart's rows, when each row attends on its own
+        if self.exact_rows and n_new <= APART_ROWS and CAUSAL not in masks.values():
+            apart = {w: self._rows_apart(m, batch, n_new, span) for w, m in masks.items()}
         first = int(slots_cpu[0])
         contiguous = first if torch.equal(slots_cpu, torch.arange(first, first + batch)) else None
         block = (contiguous, p0) if contiguous is not None and same_start else None
@@ -656,6 +741,7 @@ class NativeLlama(CausalLM):
         span_rows = None
         if (
             contiguous is None
+            and apart is None
             and hi - lo + 1 <= 2 * batch
             and len(set(slots_cpu.tolist())) == batch
         ):
@@ -693,14 +779,17 @@ class NativeLlama(CausalLM):
                 q = q.new_zeros(width, *q.shape[1:]).index_copy_(0, span_rows, q)
             mask = masks[layer.window]
             causal = mask is CAUSAL
-            o = F.scaled_dot_product_attention(
-                q,
-                keys,
-                values,
-                attn_mask=None if causal else mask,
-                is_causal=causal,
-                enable_gqa=h != h_kv,
-            )  # [B or width, H, T, D]
+            if apart is not None:
+                o = self._attend_apart(q, keys, values, apart[layer.window], h != h_kv)
+            else:
+                o = F.scaled_dot_product_attention(
+                    q,
+                    keys,
+                    values,
+                    attn_mask=None if causal else mask,
+                    is_causal=causal,
+                    enable_gqa=h != h_kv,
+                )  # [B or width, H, T, D]
             if span_rows is not None:
                 o = o.index_select(0, span_rows)
             o = o.transpose(1, 2).reshape(batch, n_new, h * d).to(self.dtype)

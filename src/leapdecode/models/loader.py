@@ -116,10 +116,14 @@ def load_model(
     device: str = "cpu",
     dtype: str = "float32",
     what: str = "model",
+    quantize: str | None = None,
 ) -> CausalLM:
-    """Load a model folder with the native backend (falling back to transformers) or transformers."""
+    """Load a model folder with the native backend (falling back to transformers) or
+    transformers; quantize: None, "int8" or "int4" (weight-only, native backend only)."""
     if backend not in BACKENDS:
         raise LeapDecodeError(f"unknown backend {backend!r}: use native or transformers")
+    if quantize and backend != "native":
+        raise LeapDecodeError("--quantize runs on the native backend: leave out --backend")
     path = check_model_dir(path, what)
     dev = resolve_device(device)
     config = load_config(path)
@@ -128,8 +132,13 @@ def load_model(
         from .llama import NativeLlama, NativeUnsupported
 
         try:
-            return NativeLlama(path, config, dev, dt)
+            return NativeLlama(path, config, dev, dt, quantize)
         except NativeUnsupported as e:
+            if quantize:
+                raise LeapDecodeError(
+                    f"--quantize runs on the native backend, which cannot run {path!r} ({e}): "
+                    "leave --quantize out"
+                ) from None
             log.warning("native backend cannot run %s (%s); falling back to transformers", path, e)
     from .hf import TransformersLM
 

@@ -1,5 +1,5 @@
 """The few tensor operations the native backend, its compiled forward and the speculator heads
-share: a linear layer over either weight layout, and RMSNorm as transformers computes it."""
+share: a linear layer over any of its weight layouts, and RMSNorm as transformers computes it."""
 
 from __future__ import annotations
 
@@ -12,15 +12,77 @@ def transposed(w: torch.Tensor) -> bool:
 
     float32 on CPU: the one-row decode matmul with [in, out] weights streams the matrix and
     runs about twice as fast as `F.linear` (bench/backend_step.py measures it). bfloat16 and
-    float16 on CPU go to oneDNN through `F.linear`, whose cost stays nearly flat from 1 to 16
-    rows (the verify forward) and gives each row the same bits whatever the row count.
-    CUDA: `F.linear` (cuBLAS) either way.
+    float16 on CPU are prepacked for oneDNN where this torch can (see `Packed`), else go to
+    `F.linear`. CUDA: `F.linear` (cuBLAS) either way.
     """
     return w.dtype == torch.float32 and w.device.type == "cpu"
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., in] times w (+ bias) -> [..., out], for either layout (see `transposed`)."""
+class Packed:
+    """A weight [out, in] reordered once into oneDNN's blocked layout (CPU, bfloat16 or
+    float16), for `linear`. Against `F.linear` on the same weight it reads memory closer to
+    the machine's bandwidth (docs/bench/real/linear_kernels_1.5b.md has the figures).
+
+    oneDNN computes a one-row call by another path (a matrix-vector kernel) than a call of
+    two rows or more, with other rounding: every row of a call of m >= 2 rows holds the same
+    bits whatever m, and a one-row call's differ. So `matmul` runs fewer than PAD_ROWS rows
+    as PAD_ROWS (the first row repeated): a decode step's row holds the very bits that row
+    holds in a verify step of k + 1 rows, and the call is faster too (on the 1.5B's shapes,
+    two threads, 4 rows took 0.85x the time of 1 row and of 2)."""
+
+    PAD_ROWS = 4
+
+    def __init__(self, w: torch.Tensor) -> None:
+        self.shape = w.shape  # [out, in]
+        self.dtype, self.device = w.dtype, w.device
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), self.PAD_ROWS)
+
+    def dense(self) -> torch.Tensor:
+        """The weight back in its plain layout [out, in] (for slicing, or a compiled graph)."""
+        return self.weight.to_dense()
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [rows, in] (+ bias [out], added before rounding, as F.linear does) -> [rows, out]."""
+        rows = x.shape[0]
+        if rows < self.PAD_ROWS:  # see the class
+            x = torch.cat([x, x[:1].expand(self.PAD_ROWS - rows, x.shape[1])])
+        y = torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, bias, "none", [], "")
+        return y[:rows]
+
+    @staticmethod
+    def available(w: torch.Tensor) -> bool:
+        """Whether this weight packs here: bfloat16 or float16 on a CPU with oneDNN."""
+        return (
+            w.device.type == "cpu"
+            and w.dtype in (torch.bfloat16, torch.float16)
+            and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        )
+
+
+def pack(w: torch.Tensor) -> torch.Tensor | Packed:
+    """w [out, in], packed for oneDNN where `Packed.available` (else w itself)."""
+    if not Packed.available(w):
+        return w
+    try:
+        p = Packed(w)
+        p.matmul(torch.zeros(1, w.shape[1], dtype=w.dtype))  # runs here, or falls back below
+        return p
+    except (RuntimeError, NotImplementedError):  # a oneDNN build without this kernel
+        return w
+
+
+def dense(w) -> torch.Tensor:
+    """The plain tensor of a weight, whatever its kind (quantized: its dequantized values)."""
+    return w if isinstance(w, torch.Tensor) else w.dense()
+
+
+def linear(x: torch.Tensor, w, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., in] times w (+ bias) -> [..., out], for any layout: a plain tensor (see
+    `transposed`) or a weight object with its own kernel (`Packed`, models/quant.py)."""
+    if not isinstance(w, torch.Tensor):
+        y = w.matmul(x.reshape(-1, x.shape[-1]), bias)  # [rows, out]
+        return y.reshape(*x.shape[:-1], y.shape[-1])
     if transposed(w):
         y = torch.matmul(x, w)
         return y if bias is None else y + bias

@@ -1,0 +1,105 @@
+"""Weight-only quantization of the native backend's linear layers, as gpt-fast does it: int8
+with a scale per output channel, int4 in groups along the input with a scale and a zero each.
+Activations stay in the model's dtype; the matmuls run in PyTorch's own kernels
+(`torch._weight_int8pack_mm`, `torch._weight_int4pack_mm_for_cpu` on CPU, `_weight_int4pack_mm`
+on CUDA), which give each row of an n-row call the bits a one-row call gives it: a verify row
+computes what a decode step computes, so speculation stays lossless against the quantized
+model's own greedy output.
+
+    w [out, in] float  ->  Int8Weight(q [out, in] int8, scale [out])
+                       ->  Int4Weight(packed, scale_zero [in / group, out, 2], group)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import LeapDecodeError
+
+SCHEMES = ("int8", "int4")
+GROUP = 128  # int4: input channels per (scale, zero) pair
+
+
+class Int8Weight:
+    """w ~= q * scale[:, None]; q int8 [out, in], scale [out] in the activations' dtype."""
+
+    def __init__(self, w: torch.Tensor, act_dtype: torch.dtype) -> None:
+        w = w.float()
+        scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127  # [out]
+        self.q = (w / scale[:, None]).round().clamp(-128, 127).to(torch.int8)  # [out, in]
+        self.scale = scale.to(act_dtype)
+        self.shape, self.dtype, self.device = self.q.shape, act_dtype, w.device
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [rows, in] (+ bias [out]) -> [rows, out]."""
+        if x.device.type == "cpu":
+            y = torch._weight_int8pack_mm(x.contiguous(), self.q, self.scale)
+        else:
+            y = torch.nn.functional.linear(x, self.q.to(x.dtype)) * self.scale  # gpt-fast's
+        return y if bias is None else y + bias
+
+    def dense(self) -> torch.Tensor:
+        return self.q.to(self.dtype) * self.scale[:, None]
+
+
+class Int4Weight:
+    """w ~= (q - 8) * scale + zero per group of GROUP input channels (gpt-fast's convention),
+    q in 0..15; packed for the int4 kernel of the weight's device."""
+
+    def __init__(self, w: torch.Tensor, act_dtype: torch.dtype, group: int = GROUP) -> None:
+        out_f, in_f = w.shape
+        g = w.float().reshape(out_f, in_f // group, group)
+        lo, hi = g.amin(-1), g.amax(-1)  # [out, groups]
+        scale = (hi - lo).clamp(min=1e-6) / 15
+        q = ((g - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32)
+        zero = lo + 8 * scale
+        # [groups, out, 2]
+        self.scale_zero = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(act_dtype)
+        q = q.reshape(out_f, in_f)
+        if w.device.type == "cpu":
+            self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+        else:  # tinygemm (CUDA, Ampere and later): q as uint8 pairs
+            q8 = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
+            self.packed = torch._convert_weight_to_int4pack(q8, 8)
+        self.group = group
+        self.shape, self.dtype, self.device = torch.Size((out_f, in_f)), act_dtype, w.device
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [rows, in] (+ bias [out]) -> [rows, out]."""
+        x = x.contiguous()
+        if x.device.type == "cpu":
+            y = torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scale_zero)
+        else:
+            y = torch._weight_int4pack_mm(x, self.packed, self.group, self.scale_zero)
+        return y if bias is None else y + bias
+
+    def dense(self) -> torch.Tensor:
+        """The dequantized weight [out, in] (the identity times this layer)."""
+        eye = torch.eye(self.shape[1], dtype=self.dtype, device=self.device)
+        return self.matmul(eye).t().contiguous()
+
+
+def quantize(w: torch.Tensor, scheme: str, act_dtype: torch.dtype):
+    """w [out, in] -> the quantized weight object of `scheme` (int8 or int4). int4 takes
+    groups of 128 input channels, else the largest of 64 and 32 that divides the input; a
+    layer whose input none divides keeps int8 (as a GGUF mixes block types per tensor)."""
+    if scheme == "int8":
+        return Int8Weight(w, act_dtype)
+    if scheme == "int4":
+        group = next((g for g in (GROUP, 64, 32) if w.shape[1] % g == 0), None)
+        return Int8Weight(w, act_dtype) if group is None else Int4Weight(w, act_dtype, group)
+    raise LeapDecodeError(f"unknown quantization {scheme!r}: use one of {', '.join(SCHEMES)}")
+
+
+def check_scheme(scheme: str | None, dtype: torch.dtype, device: torch.device) -> None:
+    """A clear error before loading when this scheme cannot run as asked."""
+    if scheme is None:
+        return
+    if scheme not in SCHEMES:
+        raise LeapDecodeError(f"unknown quantization {scheme!r}: use one of {', '.join(SCHEMES)}")
+    if dtype not in (torch.bfloat16, torch.float16) and not (
+        scheme == "int8" and device.type == "cpu"
+    ):
+        raise LeapDecodeError(
+            f"--quantize {scheme} runs bfloat16 or float16 activations here: add --dtype bfloat16"
+        )

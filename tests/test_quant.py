@@ -1,0 +1,118 @@
+"""The native backend's weight layouts (models/ops.py, models/quant.py): oneDNN-packed
+bfloat16, int8 and int4. Each row of a many-row call holds the bits a one-row call gives it
+(so a verify row computes what a decode step computes), and speculation on a quantized target
+emits what that quantized target emits by itself, token for token."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from leapdecode import LeapDecoder
+from leapdecode.cli import DEFAULT_MODELS, main
+from leapdecode.models.ops import Packed, dense, linear, pack
+from leapdecode.models.quant import Int4Weight, Int8Weight, quantize
+
+TARGET = os.path.join(DEFAULT_MODELS, "leap-code-target")
+DRAFT = os.path.join(DEFAULT_MODELS, "leap-code-draft")
+PROMPTS = [
+    "import os\n\n\ndef read_lines(path):\n",
+    "def is_prime(n):\n    if n < 2:\n        return False\n",
+    "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n",
+]
+
+
+def _weight(out_f=384, in_f=256, seed=0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(out_f, in_f, generator=g) * in_f**-0.5  # [out, in]
+
+
+def _layout(kind: str, w: torch.Tensor):
+    if kind == "packed":
+        lay = pack(w.to(torch.bfloat16))
+        if not isinstance(lay, Packed):
+            pytest.skip("this torch has no oneDNN weight packing")
+        return lay
+    return quantize(w, kind, torch.bfloat16)
+
+
+@pytest.mark.parametrize("kind", ["packed", "int8", "int4"])
+def test_every_row_holds_the_bits_of_a_one_row_call(kind):
+    w = _weight()
+    lay = _layout(kind, w)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 9, w.shape[1], generator=g).to(torch.bfloat16)  # [B, T, in]
+    bias = torch.randn(w.shape[0], generator=g).to(torch.bfloat16)
+    y = linear(x, lay, bias)  # [B, T, out]
+    assert y.shape == (2, 9, w.shape[0]) and y.dtype == torch.bfloat16
+    for b in range(2):
+        for t in range(9):
+            one = linear(x[b, t][None, None], lay, bias)[0, 0]
+            assert torch.equal(y[b, t], one), (kind, b, t)
+        assert torch.equal(y[b, :5], linear(x[b, :5], lay, bias))  # any row count
+    # and the product is the dense weight's
+    ref = x.float() @ dense(lay).float().t() + bias.float()
+    assert (y.float() - ref).abs().max() < 0.05
+
+
+def test_the_layouts_keep_the_weights():
+    w = _weight()
+    p = pack(w.to(torch.bfloat16))
+    if isinstance(p, Packed):
+        assert torch.equal(p.dense(), w.to(torch.bfloat16))
+    q8 = quantize(w, "int8", torch.bfloat16)
+    assert isinstance(q8, Int8Weight) and q8.q.dtype == torch.int8
+    step8 = w.abs().amax(dim=1, keepdim=True) / 127  # one quantization step a row
+    assert ((dense(q8).float() - w).abs() <= step8 * 0.51 + 1e-2 * w.abs()).all()
+    q4 = quantize(w, "int4", torch.bfloat16)
+    assert isinstance(q4, Int4Weight) and q4.group == 128
+    groups = w.reshape(w.shape[0], -1, 128)
+    step4 = ((groups.amax(-1) - groups.amin(-1)) / 15).repeat_interleave(128, dim=1)
+    assert ((dense(q4).float() - w).abs() <= step4 * 0.51 + 2e-2 * w.abs() + 1e-3).all()
+    # an input no int4 group divides keeps int8 (the toy's down projection: 336)
+    assert isinstance(quantize(_weight(128, 336), "int4", torch.bfloat16), Int8Weight)
+    assert quantize(_weight(128, 320), "int4", torch.bfloat16).group == 64
+
+
+@pytest.fixture(scope="module", params=["int8", "int4"])
+def quantized(request):
+    return request.param, LeapDecoder.from_pretrained(
+        TARGET, draft=DRAFT, dtype="bfloat16", quantize=request.param, draft_quantize="int8"
+    )
+
+
+def test_speculation_on_a_quantized_target_emits_its_own_output(quantized):
+    scheme, dec = quantized
+    kinds = {type(getattr(layer, n)) for layer in dec.target.layers for n in ("wqkv", "w_down")}
+    assert (Int4Weight in kinds) == (scheme == "int4") and Int8Weight in kinds
+    assert isinstance(dec.target.lm_head, Int8Weight) and isinstance(dec.draft.lm_head, Int8Weight)
+    plain_model = LeapDecoder.from_pretrained(TARGET, dtype="bfloat16")
+    differs = False
+    for prompt in PROMPTS:
+        ids = dec.encode(prompt)
+        plain = dec.generate(ids, method="none", max_new_tokens=40).token_ids
+        for method, k in (("draft", 3), ("ngram", 8), ("suffix", 16), ("lookahead", 3)):
+            got = dec.generate(ids, method=method, k=k, max_new_tokens=40).token_ids
+            assert got == plain, (scheme, prompt, method)
+        unquantized = plain_model.generate(ids, method="none", max_new_tokens=40).token_ids
+        differs |= unquantized != plain
+    assert differs or scheme == "int8"  # int4 moves the toy's output somewhere
+
+
+def test_quantize_errors_are_one_line(capsys):
+    cases = [
+        (["--quantize", "int4", "--dtype", "float32"], "--dtype bfloat16"),
+        (["--quantize", "int8", "--dtype", "bfloat16", "--compile"], "--compile"),
+        (["--quantize", "int8", "--backend", "transformers"], "native backend"),
+    ]
+    for flags, says in cases:
+        code = main(["generate", *flags, "--max-new-tokens", "2", "--json", "def f(x):"])
+        out, err = capsys.readouterr()
+        assert code == 2, (flags, out, err)
+        assert says in err and "Traceback" not in err, (flags, err)
+    code = main(["generate", "--quantize", "int8", "--dtype", "bfloat16", "--method", "ngram",
+                 "--max-new-tokens", "4", "--json", "def f(x):"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert 0 < len(json.loads(out)["token_ids"]) <= 4
