@@ -4,18 +4,16 @@ bfloat16, int8 and int4. Each row of a many-row call holds the bits a one-row ca
 emits what that quantized target emits by itself, token for token."""
 
 import json
-import os
 
 import pytest
 import torch
 
 from leapdecode import LeapDecoder
-from leapdecode.cli import DEFAULT_MODELS, main
+from leapdecode.cli import main
 from leapdecode.models.ops import Packed, dense, linear, pack
 from leapdecode.models.quant import Int4Weight, Int8Weight, quantize
+from test_embedded_models import DRAFT, TARGET  # the committed toy pair
 
-TARGET = os.path.join(DEFAULT_MODELS, "leap-code-target")
-DRAFT = os.path.join(DEFAULT_MODELS, "leap-code-draft")
 PROMPTS = [
     "import os\n\n\ndef read_lines(path):\n",
     "def is_prime(n):\n    if n < 2:\n        return False\n",
