@@ -13,10 +13,10 @@ from leapdecode.config import MAX_K
 from leapdecode.engine import cost_model
 from leapdecode.engine.cost_model import CostModel
 from leapdecode.errors import LeapDecodeError
-from leapdecode.models.ops import dense
 from leapdecode.memory import parse_size, plan_length
 from leapdecode.models.kv_cache import zeros
 from leapdecode.models.llama import SafetensorsReader, read_safetensors
+from leapdecode.models.ops import dense
 
 TOY_TOKEN = 2 * 2 * 2 * 16 * 4  # k and v x 2 layers x 2 KV heads x 16 dims x float32
 
