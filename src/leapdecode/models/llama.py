@@ -267,6 +267,13 @@ class NativeLlama(CausalLM):
         return self.compiled.warm_up(max_rows) if warm_up else 0.0
 
     # ----------------------------------------------------------------- weights
+    def _lay(self, w: torch.Tensor, head: bool = False):
+        """A weight [out, in] in its layout for _linear: quantized, packed, or plain."""
+        if self.quantize:
+            scheme = "int8" if head else self.quantize  # the LM head keeps 8 bits
+            return quantize(w, scheme, self.dtype)
+        return _pack(w)
+
     def _unpack(self) -> None:
         """Every weight back in its plain layout (ops.Packed -> tensor), one at a time."""
         for layer in self.layers:
@@ -300,13 +307,6 @@ class NativeLlama(CausalLM):
 
         layout = torch.empty(0, dtype=self.dtype, device=self.device)
 
-        def lay(w, head=False):
-            """A weight [out, in] in its layout for _linear: quantized, packed, or plain."""
-            if self.quantize:
-                scheme = "int8" if head else self.quantize  # the LM head keeps 8 bits
-                return quantize(w, scheme, self.dtype)
-            return _pack(w)
-
         def cat_t(*ts):
             """Matrices [out_i, in] fused along out and laid out for _linear, converted as
             they are copied into the result (no intermediate copy of the converted weights)."""
@@ -339,19 +339,19 @@ class NativeLlama(CausalLM):
             self.layers.append(
                 LayerWeights(
                     attn_norm=take(p + "input_layernorm.weight"),
-                    wqkv=lay(cat_t(*(raw(p + f"self_attn.{n}_proj.weight") for n in "qkv"))),
+                    wqkv=self._lay(cat_t(*(raw(p + f"self_attn.{n}_proj.weight") for n in "qkv"))),
                     bqkv=cat(*(take(p + f"self_attn.{n}_proj.bias", False) for n in "qkv")),
                     qk_norm=qk_norm,
-                    wo=lay(cat_t(raw(p + "self_attn.o_proj.weight"))),
+                    wo=self._lay(cat_t(raw(p + "self_attn.o_proj.weight"))),
                     bo=take(p + "self_attn.o_proj.bias", False),
                     mlp_norm=take(p + "post_attention_layernorm.weight"),
-                    w_gate_up=lay(
+                    w_gate_up=self._lay(
                         cat_t(raw(p + "mlp.gate_proj.weight"), raw(p + "mlp.up_proj.weight"))
                     ),
                     b_gate_up=cat(
                         take(p + "mlp.gate_proj.bias", False), take(p + "mlp.up_proj.bias", False)
                     ),
-                    w_down=lay(cat_t(raw(p + "mlp.down_proj.weight"))),
+                    w_down=self._lay(cat_t(raw(p + "mlp.down_proj.weight"))),
                     b_down=take(p + "mlp.down_proj.bias", False),
                     window=windows[i],
                 )
@@ -363,7 +363,7 @@ class NativeLlama(CausalLM):
         if lm_head is None:
             lm_head = self.embed
         self._full_head = cat_t(lm_head)  # [hidden, V] (layout: see _transposed), to slice
-        self._full_lm_head = self.lm_head = lay(self._full_head, head=True)
+        self._full_lm_head = self.lm_head = self._lay(self._full_head, head=True)
         self.head_ids = None
         _give_back_freed()
         leftover = [n for n in reader.names() if "rotary_emb" not in n]
@@ -378,8 +378,9 @@ class NativeLlama(CausalLM):
             self.lm_head, self.head_ids = self._full_lm_head, None
             return
         ids = token_ids.to(device=full.device, dtype=torch.long)
-        sliced = (full[:, ids] if _transposed(full) else full[ids]).contiguous()
-        self.lm_head = quantize(sliced, "int8", self.dtype) if self.quantize else _pack(sliced)
+        self.lm_head = self._lay(
+            (full[:, ids] if _transposed(full) else full[ids]).contiguous(), head=True
+        )
         self.head_ids = ids
 
     # ------------------------------------------------------- for speculator heads
