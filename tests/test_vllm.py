@@ -350,6 +350,36 @@ def test_the_dynamic_schedule_is_our_static_table_as_vllms_ranges():
     assert dynamic_schedule(STATIC_TABLE, 32)[-1] == [16, 32, 0]
 
 
+def test_vllm_serve_gets_the_context_and_a_cache_for_every_slot(monkeypatch, tmp_path):
+    """`bench serve --peer vllm` bounds vLLM's context (unbounded, it takes the model's own,
+    32k for Qwen2.5, and refuses to start when its cache cannot hold one such request) and
+    sizes its cache for its slots."""
+    from leapdecode.bench import vllm_serve
+
+    cfg = {"num_attention_heads": 12, "num_key_value_heads": 2, "hidden_size": 1536,
+           "num_hidden_layers": 28}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def popen(cmd, **kw):
+        seen["cmd"] = cmd
+        raise Stop
+
+    monkeypatch.setattr(vllm_serve.subprocess, "Popen", popen)
+    with pytest.raises(Stop):
+        with vllm_serve.vllm_server("python", str(tmp_path), None, "bfloat16", 8, 1, 4096,
+                                    str(tmp_path / "log")):  # fmt: skip
+            pass
+    cmd = seen["cmd"]
+    assert cmd[cmd.index("--max-model-len") + 1] == "4096"
+    kv = int(cmd[cmd.index("--kv-cache-memory-bytes") + 1])
+    per_token = 28 * 2 * 2 * 128 * 2  # layers x k,v x KV heads x head size x bfloat16
+    assert kv >= 8 * 2048 * per_token  # 8 slots, half the context each
+
+
 def test_vllm_runs_our_parallel_draft_as_its_own_parallel_drafting(vllm_engines, prompts):
     """Our trained parallel draft (models/leap-code-draft-pard) loads in vLLM as `draft_model`
     with `parallel_drafting`, and gives plain decoding's greedy tokens."""

@@ -38,6 +38,7 @@ from .servers import free_port, tail, wait_healthy
 # A static batch-size -> k table after SGLang's adaptive candidates (bs 1 -> {1,3,5,7},
 # bs 8 -> {0,1,3}, bs 32 -> {0,1}), as vLLM / TRT-LLM static schedules configure it.
 STATIC_TABLE = {"1": 4, "2": 3, "4": 2, "8": 1, "16": 0}
+PEER_CONTEXT = 4096  # every server's context (--max-model-len) where a peer runs beside ours
 
 
 @dataclass
@@ -275,8 +276,10 @@ def local_server(args, extra: tuple[str, ...] = ()):
         args.backend,
         *extra,
     ]
-    for flag in ("target", "draft", "draft_dtype", "threads", "device"):
-        v = getattr(args, flag)
+    flags = ("target", "draft", "draft_dtype", "threads", "device", "max_model_len",
+             "kv_cache_memory", "quantize", "draft_quantize")  # fmt: skip
+    for flag in flags:
+        v = getattr(args, flag, None)
         if v is not None:
             cmd += ["--" + flag.replace("_", "-"), str(v)]
     if args.threads is None:  # the clients run on this machine too: leave them a core (on
@@ -351,6 +354,10 @@ def cmd_serve_bench(args) -> int:
         rows = [
             {**r, "max_new_tokens": min(r["max_new_tokens"], args.max_new_tokens)} for r in rows
         ]
+    if args.peer and args.max_model_len is None:
+        # every engine the same context; unbounded, ours would take half the free memory for
+        # its caches and vLLM its model's own context (32k for Qwen2.5: more than its cache)
+        args.max_model_len = PEER_CONTEXT
     server = (
         nullcontext((args.url, None))
         if args.url
@@ -449,9 +456,11 @@ def _vllm_peer(args):
     threads = args.threads or max(1, available_cores() - 1)  # as our server gets
     print(f"vLLM runs the target in {dtype}")
     args.vllm_dtype_used = dtype
+    context = args.max_model_len or PEER_CONTEXT
     with vllm_servers(
-        python, target, cfgs, dtype, max(args.concurrency), threads, os.path.join(LOGS, "serve")
-    ) as urls:
+        python, target, cfgs, dtype, max(args.concurrency), threads, context,
+        os.path.join(LOGS, "serve"),
+    ) as urls:  # fmt: skip
         yield [Config(label, None, urls[label], "vllm") for label, _ in cfgs]
 
 
@@ -481,7 +490,7 @@ def _llamacpp_peer(args):
             rows += [(f"llamacpp ngram k={k} {p}", "llamacpp-ngram", k, p)
                      for k in args.llamacpp_ngram_k]  # fmt: skip
     threads = args.threads or max(1, available_cores() - 1)  # as our server gets
-    context = 4096
+    context = args.max_model_len or PEER_CONTEXT
     servers = []
     try:
         for label, name, k, p in tqdm(rows, desc="starting llama-server", unit="server"):

