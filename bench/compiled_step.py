@@ -103,6 +103,7 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     model = load_model(default_model(TARGET_NAME), dtype="float32")
+    model._unpack()  # plain [in, out] tensors for the `@` below (float32 loads packed for oneDNN)
     if not hasattr(model, "layers") or any(layer.window for layer in model.layers):
         sys.exit("the candidate covers the native backend's full-attention models")
     rows_max = max(b for b, _ in SHAPES)

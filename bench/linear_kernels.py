@@ -9,7 +9,8 @@ projection, the attention output, the fused gate/up, the down projection and the
 Kernels (where this torch has them):
   - `F.linear`, bfloat16 and float32 (float32 as the native backend runs it: [in, out], matmul);
   - oneDNN with the weight prepacked once (`torch.ops.mkldnn._reorder_linear_weight`, then
-    `_linear_pointwise`), bfloat16;
+    `_linear_pointwise`), bfloat16; and the engine's own wrapper of it (`models/ops.py:
+    Packed`, a call of under 4 rows run as 4) in bfloat16 and float32;
   - MKL's packed float32 GEMM (`torch.ops.mkl._mkl_reorder_linear_weight`, `_mkl_linear`);
   - weight-only int8 (`torch._weight_int8pack_mm`, a scale per output channel) and int4
     (`torch._weight_int4pack_mm_for_cpu`, groups of 128), bfloat16 activations.
@@ -70,6 +71,31 @@ def kernels(w: torch.Tensor) -> dict:
         ks["oneDNN prepacked bf16"] = (fn, wb.numel() * 2, torch.bfloat16)
     except (RuntimeError, AttributeError) as e:
         print(f"no prepacked oneDNN bf16 here: {str(e).splitlines()[0]}")
+    from leapdecode.models.ops import Packed
+
+    for hint in (16, 64):  # oneDNN's layout picked for another batch size than the engine's 4
+        try:
+            packed = torch.ops.mkldnn._reorder_linear_weight(wb, hint)
+            fn = lambda x, p=packed: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")  # noqa: E731
+            fn(torch.zeros(4, in_f, dtype=torch.bfloat16))
+            ks[f"oneDNN prepacked bf16, layout for {hint} rows"] = (
+                fn,
+                wb.numel() * 2,
+                torch.bfloat16,
+            )
+        except (RuntimeError, AttributeError):
+            pass
+    for dt, tag in ((torch.bfloat16, "bf16"), (torch.float32, "f32")):
+        try:  # the engine's own kernel (models/ops.py): fewer than 4 rows padded to 4
+            p = Packed(w.to(dt))
+            p.matmul(torch.zeros(1, in_f, dtype=dt))
+            ks[f"engine's Packed {tag} (oneDNN, rows padded)"] = (
+                lambda x, p=p: p.matmul(x),
+                w.numel() * dt.itemsize,
+                dt,
+            )
+        except (RuntimeError, AttributeError) as e:
+            print(f"no oneDNN {tag} packing here: {str(e).splitlines()[0]}")
     try:
         mkl = torch.ops.mkl._mkl_reorder_linear_weight(w, 1)
         fn = lambda x: torch.ops.mkl._mkl_linear(x, mkl, w, None, 1)  # noqa: E731
@@ -117,6 +143,8 @@ def main() -> int:
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct",
                     help="a catalogue name or a folder: its config.json gives the shapes")  # fmt: skip
     ap.add_argument("--rows", default="1,5,9,17")
+    ap.add_argument("--shapes", default=None, help="only these shapes (comma-separated names)")
+    ap.add_argument("--kernels", default=None, help="only kernels whose name holds one of these")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "linear_kernels"))
@@ -131,9 +159,14 @@ def main() -> int:
     rows = [int(r) for r in args.rows.split(",")]
     g = torch.Generator().manual_seed(0)
     result = {"target": args.target, "threads": args.threads, "rows": rows, "shapes": {}}
+    wanted = args.shapes.split(",") if args.shapes else None
     for name, (out_f, in_f, times) in shapes(config).items():
+        if wanted and name not in wanted:
+            continue
         w = torch.randn(out_f, in_f, generator=g) * in_f**-0.5
         ks = kernels(w)
+        if args.kernels:
+            ks = {k: v for k, v in ks.items() if any(p in k for p in args.kernels.split(","))}
         xs = {n: torch.randn(n, in_f, generator=g) for n in rows}
         ms = {k: {n: [] for n in rows} for k in ks}
         for _ in tqdm(range(args.reps), desc=f"{name} {out_f}x{in_f}"):

@@ -2,6 +2,8 @@
 # The bench runs behind docs/bench/real/ (real checkpoints; every peer beside ours). Each run
 # resumes where it stopped (bench run keeps a partial file): run the same line again.
 #   bash bench/real_runs.sh smollm2|0.5b|1.5b|1.5b-vllm|profile|profile-peers|lossless|serve|all
+#   bash bench/real_runs.sh layouts|draft-probe|speed|speed-int4|speed-vllm   (issue 53: the engine
+#   after the speed work, docs/bench/real/speed/)
 # Needs: the models pulled (`leapdecode pull NAME`; a run pulls what it lacks), llama.cpp
 # (`bash bench/llamacpp_env.sh`) and vLLM (`bash bench/vllm_env.sh`); a quiet machine.
 set -euo pipefail
@@ -88,6 +90,50 @@ profile_peers() {
   python bench/step_profile.py --target qwen2.5-coder-1.5b-instruct --context 512 --reps 10 \
     --threads 2 --peers-only --vllm --llama-bench --out "$OUT/step_profile_1.5b"
 }
+# issue 53: the engine after the speed work. The step by layout of the linear layers, both dtypes
+layouts() {
+  python bench/layout_steps.py --target qwen2.5-coder-1.5b-instruct --dtype bfloat16 --reps 15 \
+    --out "$OUT/layout_steps"
+  python bench/layout_steps.py --target qwen2.5-coder-1.5b-instruct --dtype float32 --reps 9 \
+    --out "$OUT/layout_steps_float32"
+}
+PAIR=(--target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --draft-dtype bfloat16
+      "${COMMON[@]}"
+      --repeats 2 --draft-k 3 --suffix-k 16 --ngram-k 8)
+SPEED=$OUT/speed
+# the draft in bfloat16 or int4 (the target bfloat16 either way: the same output), one prompt a
+# category: which one the speed runs take (DRAFT_QUANT=int4 bash bench/real_runs.sh speed ...)
+draft_probe() {
+  for q in none int4; do
+    local quant=()
+    [ "$q" = none ] || quant=(--draft-quantize "$q")
+    run "${PAIR[@]}" --per-category 1 --repeats 1 "${quant[@]}" --no-peers --no-vllm \
+      --no-llamacpp --methods none,draft --out "$SPEED/draft-probe-$q"
+  done
+}
+DRAFT_QUANT_ARGS=()
+[ -z "${DRAFT_QUANT:-}" ] || DRAFT_QUANT_ARGS=(--draft-quantize "$DRAFT_QUANT")
+# ours (auto among them) against llama.cpp at equal precision: the BF16 GGUF of our weights
+speed() {
+  run "${PAIR[@]}" "${DRAFT_QUANT_ARGS[@]}" --no-peers --no-vllm --llamacpp-precision BF16 \
+    --llamacpp-draft-k 3 --llamacpp-ngram-k 64 \
+    --methods none,draft,ngram,suffix,auto,llamacpp,llamacpp-draft,llamacpp-ngram,llamacpp-ngram-mod \
+    --out "$SPEED/pair-bf16"
+}
+# int4 ours against llama.cpp's own Q4_K_M file
+speed_int4() {
+  run "${PAIR[@]}" --quantize int4 --draft-quantize int4 --no-peers --no-vllm \
+    --llamacpp-precision GGUF --llamacpp-ngram-k 64 \
+    --methods none,draft,ngram,suffix,auto,llamacpp,llamacpp-ngram,llamacpp-ngram-mod \
+    --out "$SPEED/pair-int4"
+}
+# against vLLM: two of its engines at a time fit beside ours (each 7-10 GB for the 1.5B)
+speed_vllm() {
+  run "${PAIR[@]}" "${DRAFT_QUANT_ARGS[@]}" --no-peers --no-llamacpp --vllm-suffix-k 16 \
+    --methods none,suffix,auto,vllm,vllm-suffix --out "$SPEED/pair-vllm-suffix"
+  run "${PAIR[@]}" "${DRAFT_QUANT_ARGS[@]}" --no-peers --no-llamacpp --vllm-draft-k 3 \
+    --methods none,draft,auto,vllm-draft --out "$SPEED/pair-vllm-draft"
+}
 case "${1:-all}" in
   smollm2) smollm2 ;;
   0.5b) half ;;
@@ -97,7 +143,12 @@ case "${1:-all}" in
   profile-peers) profile_peers ;;
   lossless) lossless ;;
   serve) serve_pair ;;
+  layouts) layouts ;;
+  draft-probe) draft_probe ;;
+  speed) speed ;;
+  speed-int4) speed_int4 ;;
+  speed-vllm) speed_vllm ;;
   all) smollm2; half; profile; pair; pair_vllm; lossless; serve_pair ;;
-  *) echo "usage: bash bench/real_runs.sh smollm2|0.5b|1.5b|1.5b-vllm|profile|profile-peers|lossless|serve|all"
+  *) echo "usage: bash bench/real_runs.sh smollm2|0.5b|1.5b|1.5b-vllm|profile|profile-peers|lossless|serve|all|layouts|draft-probe|speed|speed-int4|speed-vllm"
      exit 2 ;;
 esac

@@ -267,6 +267,47 @@ def test_interrupted_bench_run_resumes_after_its_last_finished_prompt(
     assert "already measured" not in capsys.readouterr().out
 
 
+def test_bench_run_measures_auto_beside_the_fixed_methods(tmp_path, tiny):
+    """`auto` is a row of bench run when asked for by name (never by default: it profiles the
+    step costs first), its output plain decoding's."""
+    out = tmp_path / "auto"
+    argv = ["bench", "run", *tiny, "--no-peers", "--per-category", "1", "--repeats", "1",
+            "--categories", "completion,revision", "--methods", "none,draft,suffix,auto",
+            "--draft-k", "3", "--suffix-k", "16", "--max-new-tokens", "24", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    cells = json.loads((out / "results.json").read_text())["cells"]
+    auto = [c for c in cells if c["name"] == "auto"]
+    assert [c["method"] for c in auto] == ["auto", "auto"]
+    assert all(c["mismatches"]["non_tie"] == 0 and c["tokens_per_s"] > 0 for c in auto)
+    assert "| completion | auto |" in (out / "results.md").read_text()
+
+
+def test_a_pulled_model_is_named_by_its_wheels_not_its_file_times(tmp_path):
+    """A bench run resumes across a re-pull: a pulled folder's stamp is its name, its wheels'
+    sha256 and its files' sizes; another folder's includes the files' times."""
+    from leapdecode.bench.command import model_stamp
+    from leapdecode.resolve import MARKER
+
+    def folder(name: str, sha: str):
+        d = tmp_path / name / "m"
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"x" * 10)
+        (d / "config.json").write_text("{}")
+        (d / MARKER).write_text(json.dumps({"sources": [{"sha256": sha}]}))
+        return d
+
+    a, b = folder("a", "aa"), folder("b", "aa")
+    os.utime(b / "model.safetensors", (1, 1))  # pulled again: other file times
+    assert model_stamp(str(a)) == model_stamp(str(b)) == ["m", ["aa"], [("config.json", 2),
+                                                                  ("model.safetensors", 10)]]  # fmt: skip
+    assert model_stamp(str(folder("c", "bb"))) != model_stamp(str(a))  # other wheels
+    (a / MARKER).unlink()  # not pulled: the times count
+    plain = model_stamp(str(a))
+    os.utime(a / "model.safetensors", (1, 1))
+    assert model_stamp(str(a)) != plain
+    assert model_stamp(None) is None
+
+
 def test_every_bench_prompt_comes_from_its_own_source():
     """No two prompts share a (file, function): suffix's global tree holds earlier prompts'
     outputs, and the same code twice would let it copy an answer."""

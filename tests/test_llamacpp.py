@@ -132,14 +132,16 @@ BUILT = lp.find_dir(None)
 def test_a_real_llama_server_answers_token_ids_and_counts_its_drafts(monkeypatch):
     """SmolLM2's own Q4_1 file on llama-server: plain and n-gram speculation (its own
     lossless claim, on the demo's revision, whose answer copies the prompt), each reply's
-    counters consistent."""
+    counters consistent; ngram-mod keeps nothing from one request to the next (its table
+    outlives a request: the bench starts its server anew for each)."""
     from helpers import pulled
 
     folder = pulled("smollm2-135m-instruct")
     with monkeypatch.context() as m:  # the GGUF is kept beside the test's pulled folder
         m.setenv("LEAPDECODE_CACHE", os.path.dirname(os.path.dirname(folder)))
         configs = [("llamacpp GGUF", "llamacpp", 0, "GGUF"),
-                   ("llamacpp-ngram k=16 GGUF", "llamacpp-ngram", 16, "GGUF")]  # fmt: skip
+                   ("llamacpp-ngram k=16 GGUF", "llamacpp-ngram", 16, "GGUF"),
+                   ("llamacpp-ngram-mod k=64 GGUF", "llamacpp-ngram-mod", 64, "GGUF")]  # fmt: skip
         peers = lp.LlamaCppPeers(BUILT, folder, None, configs, threads=2, context=1024, warm_up=1)
     try:
         from transformers import AutoTokenizer
@@ -155,5 +157,7 @@ def test_a_real_llama_server_answers_token_ids_and_counts_its_drafts(monkeypatch
             got[label] = (tokens, forwards)
         assert got["llamacpp-ngram k=16 GGUF"][0] == got["llamacpp GGUF"][0]
         assert got["llamacpp-ngram k=16 GGUF"][1] < got["llamacpp GGUF"][1], got  # drafts accepted
+        again = peers.generate("llamacpp-ngram-mod k=64 GGUF", ids, 48)
+        assert (again[1], again[2]) == got["llamacpp-ngram-mod k=64 GGUF"], (again, got)
     finally:
         peers.close()

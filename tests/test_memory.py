@@ -164,9 +164,9 @@ def test_bfloat16_checkpoint_loads_as_float32_exactly(tmp_path_factory, tok_dir)
     hf.save_pretrained(path)
     m = load_model(path, dtype="float32")
     q = hf.model.layers[1].self_attn.q_proj.weight.float()  # [out, in]
-    w = m.layers[1].wqkv  # float32 on the CPU: [in, out]
+    w = dense(m.layers[1].wqkv)  # float32 on the CPU, plain: [in, out]
     assert w.dtype == torch.float32 and torch.equal(w[:, : q.shape[0]], q.t())
-    assert torch.equal(m.lm_head, hf.lm_head.weight.float().t())
+    assert torch.equal(dense(m.lm_head), hf.lm_head.weight.float().t())
     b = load_model(path, dtype="bfloat16")
     assert torch.equal(dense(b.layers[1].wqkv)[: q.shape[0]], q.to(torch.bfloat16))
 

@@ -10,7 +10,7 @@ import torch
 
 from leapdecode import LeapDecoder
 from leapdecode.cli import main
-from leapdecode.models.ops import Packed, dense, linear, pack
+from leapdecode.models.ops import Packed, dense, lay_out, linear
 from leapdecode.models.quant import Int4Weight, Int8Weight, quantize
 from test_embedded_models import DRAFT, TARGET  # the committed toy pair
 
@@ -27,38 +27,42 @@ def _weight(out_f=384, in_f=256, seed=0) -> torch.Tensor:
 
 
 def _layout(kind: str, w: torch.Tensor):
-    if kind == "packed":
-        lay = pack(w.to(torch.bfloat16))
+    if kind.startswith("packed"):
+        lay = lay_out(w.to(torch.float32 if kind == "packed-f32" else torch.bfloat16))
         if not isinstance(lay, Packed):
             pytest.skip("this torch has no oneDNN weight packing")
         return lay
     return quantize(w, kind, torch.bfloat16)
 
 
-@pytest.mark.parametrize("kind", ["packed", "int8", "int4"])
+@pytest.mark.parametrize("kind", ["packed", "packed-f32", "int8", "int4"])
 def test_every_row_holds_the_bits_of_a_one_row_call(kind):
     w = _weight()
     lay = _layout(kind, w)
+    dt = torch.float32 if kind == "packed-f32" else torch.bfloat16
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(2, 9, w.shape[1], generator=g).to(torch.bfloat16)  # [B, T, in]
-    bias = torch.randn(w.shape[0], generator=g).to(torch.bfloat16)
+    x = torch.randn(2, 9, w.shape[1], generator=g).to(dt)  # [B, T, in]
+    bias = torch.randn(w.shape[0], generator=g).to(dt)
     y = linear(x, lay, bias)  # [B, T, out]
-    assert y.shape == (2, 9, w.shape[0]) and y.dtype == torch.bfloat16
+    assert y.shape == (2, 9, w.shape[0]) and y.dtype == dt
     for b in range(2):
         for t in range(9):
             one = linear(x[b, t][None, None], lay, bias)[0, 0]
             assert torch.equal(y[b, t], one), (kind, b, t)
         assert torch.equal(y[b, :5], linear(x[b, :5], lay, bias))  # any row count
-    # and the product is the dense weight's
-    ref = x.float() @ dense(lay).float().t() + bias.float()
+    # and the product is the dense weight's (plain float32 is laid out [in, out])
+    plain = dense(lay).float()
+    ref = x.float() @ (plain if dt == torch.float32 else plain.t()) + bias.float()
     assert (y.float() - ref).abs().max() < 0.05
 
 
 def test_the_layouts_keep_the_weights():
     w = _weight()
-    p = pack(w.to(torch.bfloat16))
-    if isinstance(p, Packed):
-        assert torch.equal(p.dense(), w.to(torch.bfloat16))
+    for dt in (torch.bfloat16, torch.float32):
+        p = lay_out(w.to(dt))
+        if isinstance(p, Packed):
+            assert torch.equal(p.dense(), w.to(dt))  # [out, in]
+            assert torch.equal(dense(p), w.to(dt).t() if dt == torch.float32 else w.to(dt))
     q8 = quantize(w, "int8", torch.bfloat16)
     assert isinstance(q8, Int8Weight) and q8.q.dtype == torch.int8
     step8 = w.abs().amax(dim=1, keepdim=True) / 127  # one quantization step a row

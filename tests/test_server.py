@@ -495,3 +495,25 @@ def test_stopping_the_server_ends_its_engine_process(target_dir):
         time.sleep(0.2)
     assert not [p for p in children if running(p)]
     assert "Traceback" not in s.proc.stdout.read()
+
+
+def test_a_server_that_did_not_start_is_explained_by_its_first_error(tmp_path):
+    """The tail of a failed server's log leads with the error that caused it, however far up
+    (vLLM's root cause sits above a long traceback that ends in a wrapper's error)."""
+    from leapdecode.bench.servers import tail
+
+    log = tmp_path / "vllm.log"
+    frames = "".join(f'  File "engine.py", line {i}, in start\n    go()\n' for i in range(80))
+    log.write_text(
+        "WARNING ... can cause `OSError: [Errno 24] Too many open files`\n"
+        "(EngineCore pid=1) ERROR [core.py] Traceback (most recent call last):\n"
+        "ValueError: To serve at least one request with the model's max seq len (32768)\n"
+        + frames
+        + "RuntimeError: Engine core initialization failed. See root cause above.\n"
+    )
+    got = tail(str(log))
+    assert got.startswith("ValueError: To serve at least one request")
+    assert got.rstrip().endswith("See root cause above.")
+    short = tmp_path / "short.log"
+    short.write_text("ValueError: bad\n")
+    assert tail(str(short)) == "ValueError: bad\n"  # all of it in the tail: as it is

@@ -300,7 +300,7 @@ def _restrict_head(model: CausalLM, ranking: dict | None, n: int | None, vocab: 
     if n and ranking is None:
         raise LeapDecodeError(
             "draft_vocab needs a token ranking (draft_vocab.json) in the draft folder: "
-            "`leapdecode train draft` writes one; or pass draft_vocab=0",
+            "`leapdecode train draft-vocab --draft FOLDER` writes one; or pass draft_vocab=0",
             field="draft_vocab",
         )
     if n == 0 or n >= vocab:

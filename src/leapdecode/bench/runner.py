@@ -58,6 +58,7 @@ OURS = (
     "eagle",
     "pard",
     "peagle",
+    "auto",  # per step the method and k with the best expected goodput (engine/planner.py)
 )
 
 
@@ -84,7 +85,7 @@ class Method:
         if self.llamacpp:  # "llamacpp GGUF", "llamacpp-draft k=3 BF16"
             base = self.name if self.name == "llamacpp" else f"{self.name} k={self.k}"
             return f"{base} {dict(self.opts)['precision']}"
-        if self.name in BASELINES:
+        if self.name in BASELINES or self.name == "auto":  # no k of its own
             return self.name
         if self.name == "lookahead":
             o = self.options
@@ -163,12 +164,14 @@ def method_list(
     suffix_tokens_only=False,
     pard_ks=(),
     peagle_ks=(),
+    with_auto=False,
 ) -> list[Method]:
     """lookaheads: (W, N, G) triples; medusa_ks / eagle_ks: tree sizes (empty: no heads);
     pard_ks / peagle_ks: the parallel draft's and the parallel head's chains (empty: none);
     eagle_depths: the eagle tree's depths (speculative_num_steps) tried at each size;
     suffix_factors: suffix's draft caps (suffix_decoding_max_spec_factor) tried at each k;
-    suffix_tokens_only: each suffix chain setting also without matching characters."""
+    suffix_tokens_only: each suffix chain setting also without matching characters;
+    with_auto: `auto` too (asked for by name: it profiles the step costs first)."""
     methods = [Method("none")]
     if with_draft:
         methods += [Method("draft", k) for k in draft_ks]
@@ -197,6 +200,8 @@ def method_list(
     ]
     methods += [Method("pard", k) for k in pard_ks]
     methods += [Method("peagle", k) for k in peagle_ks]
+    if with_auto:
+        methods.append(Method("auto"))
     if with_peers:
         methods.append(Method("hf-generate"))
         if with_draft:
@@ -259,8 +264,13 @@ class Generation:
     verify: str = "auto"
 
     def ours(self, m: Method) -> dict:
-        # block verification is for chains: tree settings keep the token rule (verify.py)
-        chain = registry.get(m.method).tree != registry.TREE and not m.options.get("use_tree_spec")
+        # block verification is for chains: tree settings keep the token rule (verify.py), and
+        # so does auto, whose steps may draft trees
+        chain = (
+            m.method != "auto"
+            and registry.get(m.method).tree != registry.TREE
+            and not m.options.get("use_tree_spec")
+        )
         sampled = dict(temperature=self.temperature, seed=self.seed) if self.temperature else {}
         verify = self.verify if chain or self.verify != "block" else "token"
         return dict(draft_min_prob=self.draft_min_prob, verify=verify, **sampled)
@@ -280,8 +290,9 @@ def _run_once(
         return secs, tokens, {"proposed": proposed, "accepted": accepted}, forwards
     if m.ours:
         t0 = time.perf_counter()
+        k = {} if m.name == "auto" else {"k": m.k}  # auto picks k each step
         out = dec.generate(
-            ids, method=m.method, k=m.k, max_new_tokens=max_new, **gen.ours(m), **m.options
+            ids, method=m.method, max_new_tokens=max_new, **k, **gen.ours(m), **m.options
         )
         return time.perf_counter() - t0, out.token_ids, out.stats, out.stats.target_forwards
     t0 = time.perf_counter()
@@ -399,7 +410,7 @@ def run(
                 "(delete the file, or pass --fresh, to start over)"
             )
         bar = tqdm(total=total, desc="bench", unit="run", initial=n_done * repeats * len(methods))
-        suffix_used = suffix is not None and any(m.method == "suffix" for m in methods)
+        suffix_used = suffix is not None and any(m.method in ("suffix", "auto") for m in methods)
         for cat, rows in sets.items():
             for row in rows:
                 if row["id"] in done:

@@ -33,5 +33,16 @@ def wait_healthy(url: str, proc: subprocess.Popen, log_path: str, limit_s: float
 
 
 def tail(path: str, chars: int = 2000) -> str:
-    with open(path) as f:
-        return f.read()[-chars:]
+    """A log's last `chars`, led by the first error line above them (a server's traceback
+    often ends in a wrapper's error, the cause dozens of lines up)."""
+    import re
+
+    with open(path, errors="replace") as f:
+        text = f.read()
+    end = text[-chars:]
+    causes = [
+        line.strip()
+        for line in text[: len(text) - len(end)].splitlines()
+        if re.match(r"\s*(\(.*?\)\s*)?([\w.]*(Error|Exception)): ", line)
+    ]
+    return f"{causes[0]}\n...\n{end}" if causes and causes[0] not in end else end

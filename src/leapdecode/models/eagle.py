@@ -304,8 +304,8 @@ class Eagle3Head(nn.Module):
 
 class Eagle3Runner:
     """`Eagle3Head.qkv` and `.finish` for drafting, with fused weights (q|k|v and gate|up
-    in one matmul each) laid out as the native backend lays its own (models/ops.py
-    `linear`): a tree step is a handful of rows, where per-op overhead dominates."""
+    in one matmul each) in their plain layout for models/ops.py `linear` (not packed: a
+    tree step is a handful of rows of a small head, where per-op overhead dominates)."""
 
     def __init__(self, head: Eagle3Head) -> None:
         def lay(*ws: torch.Tensor) -> torch.Tensor:

@@ -19,8 +19,8 @@ from .base import CausalLM, ForwardOutput, HiddenRequest
 from .kv_cache import KVCache
 from .ops import Packed
 from .ops import dense as _dense
+from .ops import lay_out as _lay_out
 from .ops import linear as _linear
-from .ops import pack as _pack
 from .ops import rms_norm as _rms_norm
 from .ops import transposed as _transposed
 from .quant import check_scheme, quantize
@@ -272,16 +272,16 @@ class NativeLlama(CausalLM):
         if self.quantize:
             scheme = "int8" if head else self.quantize  # the LM head keeps 8 bits
             return quantize(w, scheme, self.dtype)
-        return _pack(w)
+        return _lay_out(w)
 
     def _unpack(self) -> None:
         """Every weight back in its plain layout (ops.Packed -> tensor), one at a time."""
         for layer in self.layers:
             for name in ("wqkv", "wo", "w_gate_up", "w_down"):
                 setattr(layer, name, _dense(getattr(layer, name)))
-        packed_head = self.lm_head is self._full_lm_head
-        self._full_lm_head = self._full_head
-        self.lm_head = self._full_head if packed_head else _dense(self.lm_head)
+        full_head = self.lm_head is self._full_lm_head
+        self._full_lm_head = _dense(self._full_lm_head)
+        self.lm_head = self._full_lm_head if full_head else _dense(self.lm_head)
         _give_back_freed()
 
     @property
@@ -305,22 +305,19 @@ class NativeLlama(CausalLM):
         def cat(*ts):
             return None if any(t is None for t in ts) else torch.cat(ts, dim=0).contiguous()
 
-        layout = torch.empty(0, dtype=self.dtype, device=self.device)
-
         def cat_t(*ts):
-            """Matrices [out_i, in] fused along out and laid out for _linear, converted as
-            they are copied into the result (no intermediate copy of the converted weights)."""
-            w, flip = ts[0], _transposed(layout)
-            if len(ts) == 1 and not flip and (w.dtype, w.device) == (self.dtype, self.device):
+            """Matrices [out_i, in] fused along out ([sum out_i, in]), converted as they are
+            copied into the result (no intermediate copy of the converted weights)."""
+            w = ts[0]
+            if len(ts) == 1 and (w.dtype, w.device) == (self.dtype, self.device):
                 return w.contiguous()
-            rows = sum(t.shape[0] for t in ts)
-            shape = (w.shape[1], rows) if flip else (rows, w.shape[1])
-            out = torch.empty(shape, dtype=self.dtype, device=self.device)
+            out = torch.empty(
+                (sum(t.shape[0] for t in ts), w.shape[1]), dtype=self.dtype, device=self.device
+            )
             at = 0
             for t in ts:
-                n = t.shape[0]
-                (out[:, at : at + n] if flip else out[at : at + n]).copy_(t.t() if flip else t)
-                at += n
+                out[at : at + t.shape[0]].copy_(t)
+                at += t.shape[0]
             return out
 
         self.embed = take("model.embed_tokens.weight")
@@ -362,8 +359,11 @@ class NativeLlama(CausalLM):
         lm_head = reader.drop("lm_head.weight") if tied else raw("lm_head.weight", False)
         if lm_head is None:
             lm_head = self.embed
-        self._full_head = cat_t(lm_head)  # [hidden, V] (layout: see _transposed), to slice
-        self._full_lm_head = self.lm_head = self._lay(self._full_head, head=True)
+        full = cat_t(lm_head)  # [V, hidden]
+        self._full_lm_head = self.lm_head = self._lay(full, head=True)
+        # kept to slice (restrict_head) only where the laid-out head cannot give it back
+        # exactly (quantized), or costs nothing (a tied head: the embeddings themselves)
+        self._full_head = full if self.quantize or full is self.embed else None
         self.head_ids = None
         _give_back_freed()
         leftover = [n for n in reader.names() if "rotary_emb" not in n]
@@ -373,14 +373,21 @@ class NativeLlama(CausalLM):
     def restrict_head(self, token_ids: torch.Tensor | None) -> None:
         """Logits for `token_ids` only (FR-Spec: a draft rarely needs the long tail of the
         vocabulary, and its output matmul is a large share of a small model's step)."""
-        full = self._full_head
         if token_ids is None:
             self.lm_head, self.head_ids = self._full_lm_head, None
             return
+        full = self._full_head  # [V, hidden]
+        if full is None:  # read back from the laid-out head: packed, or plain
+            head = self._full_lm_head
+            full = (
+                head.dense()
+                if isinstance(head, Packed)
+                else head.t()
+                if _transposed(head)
+                else head
+            )
         ids = token_ids.to(device=full.device, dtype=torch.long)
-        self.lm_head = self._lay(
-            (full[:, ids] if _transposed(full) else full[ids]).contiguous(), head=True
-        )
+        self.lm_head = self._lay(full[ids].contiguous(), head=True)
         self.head_ids = ids
 
     # ------------------------------------------------------- for speculator heads

@@ -8,20 +8,22 @@ import torch.nn.functional as F
 
 
 def transposed(w: torch.Tensor) -> bool:
-    """Weight layout: float32 on CPU is kept transposed ([in, out]); all else [out, in].
+    """The plain layout of a weight that is not packed (see `Packed`): float32 on CPU is kept
+    transposed ([in, out]); all else [out, in].
 
     float32 on CPU: the one-row decode matmul with [in, out] weights streams the matrix and
-    runs about twice as fast as `F.linear` (bench/backend_step.py measures it). bfloat16 and
-    float16 on CPU are prepacked for oneDNN where this torch can (see `Packed`), else go to
-    `F.linear`. CUDA: `F.linear` (cuBLAS) either way.
+    runs about twice as fast as `F.linear` (bench/backend_step.py measures it). Where oneDNN
+    packs (`Packed.available`) a weight is packed instead (`lay_out`). CUDA: `F.linear`
+    (cuBLAS) either way.
     """
     return w.dtype == torch.float32 and w.device.type == "cpu"
 
 
 class Packed:
-    """A weight [out, in] reordered once into oneDNN's blocked layout (CPU, bfloat16 or
-    float16), for `linear`. Against `F.linear` on the same weight it reads memory closer to
-    the machine's bandwidth (docs/bench/real/linear_kernels_1.5b.md has the figures).
+    """A weight [out, in] reordered once into oneDNN's blocked layout (CPU: bfloat16, float16,
+    and float32 where PACK_FLOAT32), for `linear`. Against `F.linear` on the same weight it
+    reads memory closer to the machine's bandwidth, and a call of 5-17 rows costs little more
+    than one of 1 (docs/bench/real/linear_kernels_1.5b.md has the figures).
 
     oneDNN computes a one-row call by another path (a matrix-vector kernel) than a call of
     two rows or more, with other rounding: every row of a call of m >= 2 rows holds the same
@@ -38,7 +40,7 @@ class Packed:
         self.weight = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), self.PAD_ROWS)
 
     def dense(self) -> torch.Tensor:
-        """The weight back in its plain layout [out, in] (for slicing, or a compiled graph)."""
+        """The weight back as a tensor [out, in]."""
         return self.weight.to_dense()
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -51,30 +53,44 @@ class Packed:
 
     @staticmethod
     def available(w: torch.Tensor) -> bool:
-        """Whether this weight packs here: bfloat16 or float16 on a CPU with oneDNN."""
+        """Whether this weight packs here: bfloat16, float16 (and float32 where PACK_FLOAT32)
+        on a CPU with oneDNN."""
+        dtypes = (torch.bfloat16, torch.float16) + ((torch.float32,) if PACK_FLOAT32 else ())
         return (
             w.device.type == "cpu"
-            and w.dtype in (torch.bfloat16, torch.float16)
+            and w.dtype in dtypes
             and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
         )
 
 
-def pack(w: torch.Tensor) -> torch.Tensor | Packed:
-    """w [out, in], packed for oneDNN where `Packed.available` (else w itself)."""
+# float32 on CPU packed too: a verify of 4-16 tokens through [in, out] matmuls cost about 3x
+# a decode step on the 1.5B (docs/bench/real/step_profile_1.5b.md)
+PACK_FLOAT32 = True
+
+
+def plain(w: torch.Tensor) -> torch.Tensor:
+    """w [out, in] in its plain layout for `linear` (`transposed` says which)."""
+    return w.t().contiguous() if transposed(w) else w
+
+
+def lay_out(w: torch.Tensor) -> torch.Tensor | Packed:
+    """w [out, in] in the layout `linear` runs fastest here: packed for oneDNN where
+    `Packed.available`, else plain."""
     if not Packed.available(w):
-        return w
+        return plain(w)
     try:
         p = Packed(w)
         p.matmul(torch.zeros(1, w.shape[1], dtype=w.dtype))  # runs here, or falls back below
         return p
     except (RuntimeError, NotImplementedError):  # a oneDNN build without this kernel
-        return w
+        return plain(w)
 
 
 def dense(w) -> torch.Tensor:
-    """The plain tensor of a weight, whatever its kind (quantized: its dequantized values)."""
-    return w if isinstance(w, torch.Tensor) else w.dense()
+    """A weight in its plain layout for `linear`, whatever its kind (quantized: its
+    dequantized values)."""
+    return w if isinstance(w, torch.Tensor) else plain(w.dense())
 
 
 def linear(x: torch.Tensor, w, bias: torch.Tensor | None) -> torch.Tensor:

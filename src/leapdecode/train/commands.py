@@ -1,4 +1,5 @@
-"""`leapdecode train tokenizer | target | draft | selfgen | medusa | eagle | peagle | evaluate | ...`."""
+"""`leapdecode train tokenizer | target | draft | draft-vocab | selfgen | medusa | eagle | peagle |
+evaluate | ...`."""
 
 from __future__ import annotations
 
@@ -107,6 +108,22 @@ def fill_parser(p) -> None:
     sg.add_argument("--new-tokens", type=int, default=256)
     sg.add_argument("--batch", type=int, default=16)
     sg.add_argument("--seed", type=int, default=0)
+
+    dv = what.add_parser(
+        "draft-vocab",
+        help="rank a draft's vocabulary by frequency (FR-Spec: its LM head cut to the top N)",
+    )
+    _data_args(dv)
+    dv.add_argument("--draft", required=True, help="the draft: a folder or a catalogue name")
+    dv.add_argument(
+        "--coverage",
+        type=float,
+        default=0.999,
+        help="the recommended N covers this share of the counted tokens (default 0.999)",
+    )
+    dv.add_argument(
+        "--recommended", type=int, default=0, help="recommend this N instead (0: by --coverage)"
+    )
 
     pg = what.add_parser("progress", help="plot a run's loss and copy signals so far")
     pg.add_argument(
@@ -355,8 +372,15 @@ def cmd_pard(args) -> int:
     return run(args)
 
 
+def cmd_draft_vocab(args) -> int:
+    from .draft_vocab import cmd_draft_vocab as run
+
+    return run(args)
+
+
 def cmd_train(args) -> int:
     return {
+        "draft-vocab": cmd_draft_vocab,
         "corpus": cmd_corpus,
         "tokenizer": cmd_tokenizer,
         "target": cmd_target,
