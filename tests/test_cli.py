@@ -32,7 +32,9 @@ def check_contract(obj):
 
 
 @pytest.mark.parametrize("method", ["none", "draft", "ngram", "auto"])
-def test_json_one_object_per_prompt(capsys, tmp_path, target_dir, draft_dir, method):
+def test_json_one_object_per_prompt(capsys, tmp_path, target_dir, draft_dir, method, monkeypatch):
+    # a cache of its own: no step-cost profile saved by an earlier test of this pair
+    monkeypatch.setenv("LEAPDECODE_CACHE", str(tmp_path / "cache"))
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(
         "\n".join(json.dumps({"prompt": p}) for p in ["def f(x):", "import os\n", "x = 1"])
