@@ -626,9 +626,15 @@ def _meta(args, target, draft, dec, sets, repeats, cap, costs, elapsed) -> dict:
         )
 
     target, draft = show(target), show(draft)
+
+    def precision(model, scheme):
+        """bfloat16, or bfloat16 + int4 weights (--quantize)."""
+        dtype = str(model.dtype).replace("torch.", "")
+        return f"{dtype}, {scheme} weights" if scheme else dtype
+
     setup = (
-        f"Target `{target}` ({str(dec.target.dtype).replace('torch.', '')}), draft "
-        f"`{draft}` ({str(dec.draft.dtype).replace('torch.', '') if dec.draft else '-'}); "
+        f"Target `{target}` ({precision(dec.target, getattr(args, 'quantize', None))}), draft "
+        f"`{draft}` ({precision(dec.draft, getattr(args, 'draft_quantize', None)) if dec.draft else '-'}); "
         + (
             f"sampled at temperature {args.temperature} (seed {args.seed} a request; verify="
             f"{args.verify}; outputs checked against their own repeats only); "
