@@ -64,9 +64,12 @@ serve_pair() {
     --configs none,draft,ngram,suffix,auto)
   echo "== leapdecode bench serve (the pair, against vllm serve)"
   "${serve[@]}" --peer vllm --vllm-configs none,ngram --vllm-ngram-k 8 --out "$OUT/serve-pair-vllm"
+  # against llama-server: ours none and auto only (the run above has every fixed one), its
+  # plain decoding and n-grams (its draft model lost to its own plain decoding in bench run),
+  # so that the run fits half an hour
   echo "== leapdecode bench serve (the pair, against llama-server)"
-  "${serve[@]}" --peer llamacpp --llamacpp-configs none,draft,ngram --llamacpp-precision GGUF \
-    --out "$OUT/serve-pair-llamacpp"
+  "${serve[@]}" --configs none,auto --peer llamacpp --llamacpp-configs none,ngram \
+    --llamacpp-precision GGUF --out "$OUT/serve-pair-llamacpp"
 }
 # ours against transformers in float32 on each run's own prompts (chat included), 128 tokens:
 # the bfloat16 runs' differences are then told apart from a fault
