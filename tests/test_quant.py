@@ -56,6 +56,24 @@ def test_every_row_holds_the_bits_of_a_one_row_call(kind):
     assert (y.float() - ref).abs().max() < 0.05
 
 
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("out_f", [384, 96, 48])  # whole blocks of 64 outputs, a part block
+def test_a_prompt_runs_the_weight_dequantized(kind, out_f):
+    """A prompt's rows (`prompt=True`) run the weight dequantized for the call (the int4 CPU
+    kernel reads its packing once every 4 rows); the product is the kernel's, up to rounding,
+    and the packing reads back exactly (int4: its nibbles found where the kernel put them)."""
+    w = _weight(out_f=out_f)
+    lay = _layout(kind, w)
+    assert lay.for_prompts
+    if kind == "int4":
+        assert lay.layout is not None
+        eye = torch.eye(w.shape[1], dtype=torch.bfloat16)
+        assert torch.allclose(lay.dense().float(), lay.matmul(eye).t().float(), atol=0.02)
+    x = torch.randn(70, w.shape[1], generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    many, rows = linear(x, lay, None, prompt=True).float(), linear(x, lay, None).float()
+    assert (many - rows).abs().max() < 0.05 * rows.abs().max()
+
+
 def test_the_layouts_keep_the_weights():
     w = _weight()
     for dt in (torch.bfloat16, torch.float32):

@@ -47,7 +47,9 @@ CACHED = CONTEXTS[0]  # the draft's profiled prefix (and the target's shorter on
 SHAPE_RATE = 0.1  # how fast a (B, T) cell of the shape correction follows its steps
 PROFILE_BUDGET_S = 20.0  # the profile's time: fewer points and repeats where steps are slow
 REPEAT_S = 0.1  # a point's repeats stop once they have taken this long
-PROFILE_VERSION = 1  # a saved profile of another version is measured again
+# a saved profile of another version is measured again; 2: exact rows attend in one call a
+# layer (a verify step's cost changed), and quantized weights key their own profile
+PROFILE_VERSION = 2
 
 
 def _prefix(model: CausalLM, batch: int, cached: int) -> None:
@@ -491,6 +493,7 @@ def _model(model: CausalLM) -> dict | None:
         **folder,
         "backend": model.name,
         "dtype": str(model.dtype),
+        "quantize": getattr(model, "quantize", None),
         "device": str(model.device),
         "head": None if head is None else int(len(head)),
         "compiled": None

@@ -34,10 +34,13 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        room: int | None = None,
     ) -> None:
         # one tensor for every layer: self.k[layer] is that layer's [slots, H_kv, L, D] view, and
-        # an operation over all layers (a tree step's compaction) is one call, not one a layer
-        shape = (n_layers, n_slots, n_kv_heads, max_len, head_dim)  # [layers, slots, H_kv, L, D]
+        # an operation over all layers (a tree step's compaction) is one call, not one a layer.
+        # L = room (>= max_len): positions past max_len are read (masked), never written
+        room = max(room or max_len, max_len)
+        shape = (n_layers, n_slots, n_kv_heads, room, head_dim)  # [layers, slots, H_kv, L, D]
         self.k = zeros(shape, dtype, device)
         self.v = zeros(shape, dtype, device)
         self.lens = torch.zeros(n_slots, dtype=torch.long)  # [slots], on the CPU

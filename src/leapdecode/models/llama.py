@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import LeapDecodeError
+from . import exact_attention as exact
 from .base import CausalLM, ForwardOutput, HiddenRequest
 from .kv_cache import KVCache
 from .ops import Packed
@@ -27,7 +28,6 @@ from .quant import check_scheme, quantize
 from .rope import apply_rope, rope_tables
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-APART_ROWS = 65  # steps of up to config.MAX_K + 1 new tokens attend a row at a time (exact_rows)
 CAUSAL = object()  # _masks: a fresh prompt's plain causal attention (SDPA's is_causal)
 
 
@@ -236,9 +236,8 @@ class NativeLlama(CausalLM):
         # PyTorch's CPU attention kernel is about 3x slower in bfloat16 for one query row,
         # and float32 holds bfloat16/float16 keys and values exactly.
         self.attn_dtype = torch.float32 if device.type == "cpu" else dtype
-        # bfloat16 / float16 on CPU: every query row of a decode or verify step attends in a
-        # call of its own over exactly its visible keys (see _rows_apart), so a verify row
-        # computes the bits the decode step of that token computes (logits tie often here)
+        # bfloat16 / float16 on CPU: every query row of a decode or verify step computes the
+        # bits the decode step of its token computes (logits tie often here): exact_attention
         self.exact_rows = device.type == "cpu" and dtype != torch.float32
         self.cache: KVCache | None = None
         self.compiled = None  # a CompiledForward once compile() is called
@@ -421,6 +420,7 @@ class NativeLlama(CausalLM):
             self.head_dim,
             self.attn_dtype,
             self.device,
+            room=exact.padded_span(max_len) if self.exact_rows else max_len,
         )
 
     def lengths(self, slots: torch.Tensor) -> torch.Tensor:
@@ -465,43 +465,6 @@ class NativeLlama(CausalLM):
                 allowed &= key_pos > (query_pos.cpu()[:, :, None] - window)
             masks[window] = allowed[:, None].to(self.device)
         return masks
-
-    @staticmethod
-    def _rows_apart(mask, batch: int, n_new: int, span: int) -> list[tuple[int, int, object]]:
-        """(b, t, keys) for every query row: keys the slice (or the index tensor, for a tree
-        row) of the cache positions it sees. One SDPA call a row over exactly those keys
-        computes the same bits whatever else the step holds: a one-row decode step and row t
-        of a verify step read the same slice of the same cache. A masked call over the
-        step's whole span does not: its reductions run over padded lengths, and a float32
-        difference in the last bit rounds to another bfloat16 now and then."""
-        rows = []
-        for b in range(batch):
-            for t in range(n_new):
-                if mask is None:
-                    rows.append((b, t, slice(0, span)))
-                    continue
-                idx = mask[b, 0, t].nonzero()[:, 0].cpu()  # [visible]
-                lo, hi = int(idx[0]), int(idx[-1]) + 1
-                rows.append((b, t, slice(lo, hi) if hi - lo == idx.numel() else idx))
-        return rows
-
-    @staticmethod
-    def _attend_apart(q, keys, values, rows, gqa: bool) -> torch.Tensor:
-        """q [B, H, T, D], keys / values [B, H_kv, S, D]; rows from _rows_apart ->
-        [B, H, T, D]."""
-        o = torch.empty_like(q)
-        for b, t, seen in rows:
-            if isinstance(seen, slice):
-                k, v = keys[b : b + 1, :, seen], values[b : b + 1, :, seen]
-            else:
-                k, v = (
-                    keys[b : b + 1].index_select(2, seen),
-                    values[b : b + 1].index_select(2, seen),
-                )
-            o[b : b + 1, :, t : t + 1] = F.scaled_dot_product_attention(
-                q[b : b + 1, :, t : t + 1], k, v, enable_gqa=gqa
-            )
-        return o
 
     @staticmethod
     def _widen(mask, rows: torch.Tensor, width: int, n_new: int, span: int):
@@ -735,9 +698,19 @@ class NativeLlama(CausalLM):
             if out is not None:
                 return out
         masks = self._masks(start, n_new, span, tree_mask, positions, same_start)
-        apart = None  # window -> _rows_apart's rows, when each row attends on its own
-        if self.exact_rows and n_new <= APART_ROWS and CAUSAL not in masks.values():
-            apart = {w: self._rows_apart(m, batch, n_new, span) for w, m in masks.items()}
+        read_span, tree_index = span, None  # the keys attention reads; a tree's gather
+        exact_step = self.exact_rows and n_new <= exact.MAX_ROWS and CAUSAL not in masks.values()
+        if exact_step:  # every row computes what the decode step of its token computes
+            read_span = exact.padded_span(span)
+            groups = self.n_heads // self.n_kv_heads
+            if tree_mask is None:
+                masks = exact.chain_masks(
+                    start, n_new, read_span, positions, self.windows, groups, self.device
+                )
+            else:
+                tree_index, masks = exact.tree_plan(
+                    start, tree_mask, read_span, positions, self.windows, groups, self.device
+                )
         first = int(slots_cpu[0])
         contiguous = first if torch.equal(slots_cpu, torch.arange(first, first + batch)) else None
         block = (contiguous, p0) if contiguous is not None and same_start else None
@@ -749,13 +722,16 @@ class NativeLlama(CausalLM):
         span_rows = None
         if (
             contiguous is None
-            and apart is None
+            and tree_index is None
             and hi - lo + 1 <= 2 * batch
             and len(set(slots_cpu.tolist())) == batch
         ):
             span_rows = (slots_cpu - lo).to(self.device)  # [B] each row's place in the range
             width = hi - lo + 1
-            masks = {w: self._widen(m, span_rows, width, n_new, span) for w, m in masks.items()}
+            rows = exact.query_rows(n_new * groups) if exact_step else n_new  # a mask's rows
+            masks = {w: self._widen(m, span_rows, width, rows, read_span) for w, m in masks.items()}
+        # a prompt's rows (more than a verify step has): quantized weights dequantized for them
+        prompt = n_new > exact.MAX_ROWS
         dev_slots = slots.to(self.device)
         write_pos = write_pos.to(self.device)
         positions = positions.to(self.device)
@@ -771,7 +747,7 @@ class NativeLlama(CausalLM):
             if i in keep:
                 kept[i] = x
             a = _rms_norm(x, layer.attn_norm, self.eps)
-            qkv = _linear(a, layer.wqkv, layer.bqkv)  # [B, T, (H + 2 H_kv) D]
+            qkv = _linear(a, layer.wqkv, layer.bqkv, prompt)  # [B, T, (H + 2 H_kv) D]
             qk = qkv[..., : (h + h_kv) * d].view(batch, n_new, h + h_kv, d)
             v = qkv[..., (h + h_kv) * d :].view(batch, n_new, h_kv, d)
             if layer.qk_norm is not None:
@@ -781,14 +757,16 @@ class NativeLlama(CausalLM):
             cache.write(i, dev_slots, write_pos, k, v, block)
             q = q.transpose(1, 2).to(self.attn_dtype)  # [B, H, T, D]
             if span_rows is None:
-                keys, values = cache.read(i, dev_slots, span, contiguous)  # [B, H_kv, S, D]
+                keys, values = cache.read(i, dev_slots, read_span, contiguous)  # [B, H_kv, S, D]
             else:  # the slot range as a view; the holes' queries are zeros, dropped after
-                keys, values = cache.read(i, None, span, lo, width)  # [width, H_kv, S, D]
+                keys, values = cache.read(i, None, read_span, lo, width)  # [width, H_kv, S, D]
                 q = q.new_zeros(width, *q.shape[1:]).index_copy_(0, span_rows, q)
             mask = masks[layer.window]
             causal = mask is CAUSAL
-            if apart is not None:
-                o = self._attend_apart(q, keys, values, apart[layer.window], h != h_kv)
+            if tree_index is not None:
+                o = exact.attend_tree(q, keys, values, tree_index, mask)
+            elif exact_step:
+                o = exact.attend(q, keys, values, mask)
             else:
                 o = F.scaled_dot_product_attention(
                     q,
@@ -801,10 +779,10 @@ class NativeLlama(CausalLM):
             if span_rows is not None:
                 o = o.index_select(0, span_rows)
             o = o.transpose(1, 2).reshape(batch, n_new, h * d).to(self.dtype)
-            x = x + _linear(o, layer.wo, layer.bo)
+            x = x + _linear(o, layer.wo, layer.bo, prompt)
             m = _rms_norm(x, layer.mlp_norm, self.eps)
-            gate, up = _linear(m, layer.w_gate_up, layer.b_gate_up).chunk(2, dim=-1)
-            x = x + _linear(F.silu(gate) * up, layer.w_down, layer.b_down)
+            gate, up = _linear(m, layer.w_gate_up, layer.b_gate_up, prompt).chunk(2, dim=-1)
+            x = x + _linear(F.silu(gate) * up, layer.w_down, layer.b_down, prompt)
         cache.lens[slots_cpu] = start + n_new
         if len(self.layers) in keep:
             kept[len(self.layers)] = x

@@ -93,11 +93,16 @@ def dense(w) -> torch.Tensor:
     return w if isinstance(w, torch.Tensor) else plain(w.dense())
 
 
-def linear(x: torch.Tensor, w, bias: torch.Tensor | None) -> torch.Tensor:
+def linear(x: torch.Tensor, w, bias: torch.Tensor | None, prompt: bool = False) -> torch.Tensor:
     """x [..., in] times w (+ bias) -> [..., out], for any layout: a plain tensor (see
-    `transposed`) or a weight object with its own kernel (`Packed`, models/quant.py)."""
+    `transposed`) or a weight object with its own kernel (`Packed`, models/quant.py).
+    `prompt`: the rows are a prompt's (many, and no decode step has to match their bits): a
+    quantized weight then runs its prompt_matmul (dequantized for the call: its kernel is
+    slow for many rows)."""
     if not isinstance(w, torch.Tensor):
-        y = w.matmul(x.reshape(-1, x.shape[-1]), bias)  # [rows, out]
+        many = prompt and getattr(w, "for_prompts", False)
+        matmul = w.prompt_matmul if many else w.matmul
+        y = matmul(x.reshape(-1, x.shape[-1]), bias)  # [rows, out]
         return y.reshape(*x.shape[:-1], y.shape[-1])
     if transposed(w):
         y = torch.matmul(x, w)

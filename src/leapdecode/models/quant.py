@@ -29,6 +29,8 @@ class Int8Weight:
         self.q = (w / scale[:, None]).round().clamp(-128, 127).to(torch.int8)  # [out, in]
         self.scale = scale.to(act_dtype)
         self.shape, self.dtype, self.device = self.q.shape, act_dtype, w.device
+        # ops.linear: a prompt's many rows through prompt_matmul (the CPU kernel is slow there)
+        self.for_prompts = w.device.type == "cpu"
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [rows, in] (+ bias [out]) -> [rows, out]."""
@@ -36,6 +38,12 @@ class Int8Weight:
             y = torch._weight_int8pack_mm(x.contiguous(), self.q, self.scale)
         else:
             y = torch.nn.functional.linear(x, self.q.to(x.dtype)) * self.scale  # gpt-fast's
+        return y if bias is None else y + bias
+
+    def prompt_matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [rows, in] -> [rows, out] for a prompt's many rows: the weight converted for the
+        call, its scale applied to the output."""
+        y = torch.nn.functional.linear(x, self.q.to(x.dtype)) * self.scale
         return y if bias is None else y + bias
 
     def dense(self) -> torch.Tensor:
@@ -56,13 +64,20 @@ class Int4Weight:
         # [groups, out, 2]
         self.scale_zero = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(act_dtype)
         q = q.reshape(out_f, in_f)
+        self.layout = None  # how the CPU kernel's packing reads back (_nibbles_t), once known
         if w.device.type == "cpu":
             self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+            qt = q.t().to(torch.uint8)
+            self.layout = next(
+                (c for c in LAYOUTS if torch.equal(_nibbles_t(self.packed, out_f, in_f, *c), qt)),
+                None,
+            )
         else:  # tinygemm (CUDA, Ampere and later): q as uint8 pairs
             q8 = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
             self.packed = torch._convert_weight_to_int4pack(q8, 8)
         self.group = group
         self.shape, self.dtype, self.device = torch.Size((out_f, in_f)), act_dtype, w.device
+        self.for_prompts = self.layout is not None  # as Int8Weight's
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [rows, in] (+ bias [out]) -> [rows, out]."""
@@ -74,9 +89,53 @@ class Int4Weight:
         return y if bias is None else y + bias
 
     def dense(self) -> torch.Tensor:
-        """The dequantized weight [out, in] (the identity times this layer)."""
-        eye = torch.eye(self.shape[1], dtype=self.dtype, device=self.device)
-        return self.matmul(eye).t().contiguous()
+        """The dequantized weight [out, in]."""
+        if self.layout is None:  # the identity times this layer (slow)
+            eye = torch.eye(self.shape[1], dtype=self.dtype, device=self.device)
+            return self.matmul(eye).t().contiguous()
+        return self._dequantized_t().t().contiguous()
+
+    def _dequantized_t(self) -> torch.Tensor:
+        """The dequantized weight transposed, [in, out], read back from the CPU packing."""
+        out_f, in_f = self.shape
+        q = _nibbles_t(self.packed, out_f, in_f, *self.layout)  # [in, out] 0..15
+        q = q.view(in_f // self.group, self.group, out_f).to(self.dtype)
+        scale, zero = self.scale_zero.unbind(-1)  # [groups, out] each
+        shift = (zero.float() - 8 * scale.float()).to(self.dtype)  # q * scale + shift
+        return torch.addcmul(shift[:, None], q, scale[:, None]).view(in_f, out_f)
+
+    def prompt_matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [rows, in] -> [rows, out] for a prompt's many rows: the weight dequantized for
+        the call (the int4 kernel reads and unpacks it again for every 4 rows)."""
+        y = torch.matmul(x, self._dequantized_t())
+        return y if bias is None else y + bias
+
+
+# The CPU int4 kernel's packing (torch._convert_weight_to_int4pack_for_cpu) by its vector
+# width: output rows in blocks of 64 (AVX-512) or 32, each block [in, block / 2] bytes; in a
+# full block, byte i holds rows i (low nibble) and i + block / 2 (high) ("halves"), or rows
+# 2i and 2i + 1 ("pairs": the unvectorized build, and any last, partial block). Tried in
+# order when a weight is quantized; none matching, prompts run through the kernel.
+LAYOUTS = ((64, "halves"), (32, "halves"), (32, "pairs"))
+
+
+def _nibbles_t(packed: torch.Tensor, n: int, k: int, block: int, order: str) -> torch.Tensor:
+    """The nibbles of a CPU int4 packing of q [n, k] read back as q transposed, [k, n]."""
+    flat = packed.reshape(-1).view(torch.uint8)
+    full = n // block
+
+    def columns(b: torch.Tensor, order: str) -> torch.Tensor:  # b [blocks, k, width / 2]
+        b = b.transpose(0, 1)  # [k, blocks, width / 2]
+        nib = torch.stack([b & 15, b >> 4], dim=2 if order == "halves" else 3)
+        return nib.reshape(k, -1)  # [k, blocks * width]
+
+    parts = []
+    if full:
+        parts.append(columns(flat[: full * k * block // 2].view(full, k, block // 2), order))
+    if n > full * block:  # the last, partial block
+        tail = n - full * block
+        parts.append(columns(flat[full * k * block // 2 :].view(1, k, tail // 2), "pairs"))
+    return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
 
 def quantize(w: torch.Tensor, scheme: str, act_dtype: torch.dtype):
