@@ -24,7 +24,7 @@ def _decode(q, keys, values, b: int, at: int):
     mask = exact.chain_masks(torch.tensor([at]), 1, span, torch.tensor([[at]]), {None}, H // H_KV,
                              "cpu")[None]  # fmt: skip
     k, v = keys[b : b + 1, :, :span], values[b : b + 1, :, :span]
-    return exact.attend(q[None, :, None], k, v, mask)[0, :, 0]
+    return exact.attend(q[None, :, None], k, v, exact.additive(mask))[0, :, 0]
 
 
 @pytest.mark.parametrize("context", [40, 500, 509, 1100])  # key blocks crossed by the step
@@ -36,7 +36,7 @@ def test_every_chain_row_holds_the_decode_bits(context):
         q = torch.randn(2, H, n_new, D, generator=torch.Generator().manual_seed(n_new))
         pos = starts[:, None] + torch.arange(n_new)
         masks = exact.chain_masks(starts, n_new, span, pos, {None}, H // H_KV, "cpu")
-        out = exact.attend(q, keys[:, :, :span], values[:, :, :span], masks[None])
+        out = exact.attend(q, keys[:, :, :span], values[:, :, :span], exact.additive(masks[None]))
         for b in range(2):
             for t in range(n_new):
                 one = _decode(q[b, :, t], keys, values, b, int(starts[b]) + t)
@@ -49,7 +49,7 @@ def test_every_chain_row_holds_the_decode_bits(context):
         assert torch.allclose(out, ref, atol=1e-5)
 
 
-def test_a_tree_row_holds_the_bits_of_its_chain():
+def test_a_tree_row_holds_the_bits_of_its_chain(monkeypatch):
     """Node t of a tree reads its ancestors among other nodes; its output is the decode
     step's of its token after its ancestors alone, laid out as a chain."""
     start, parents = 700, [-1, 0, 0, 1, 1, 2, 4]  # a tree of 7 nodes
@@ -66,7 +66,12 @@ def test_a_tree_row_holds_the_bits_of_its_chain():
     q = torch.randn(1, H, n, D, generator=torch.Generator().manual_seed(4))
     index, masks = exact.tree_plan(torch.tensor([start]), tree, span, start + depth, {None},
                                    H // H_KV, "cpu")  # fmt: skip
-    out = exact.attend_tree(q, keys[:, :, :span], values[:, :, :span], index, masks[None])
+    masks = exact.additive(masks[None])
+    out = exact.attend_tree(q, keys[:, :, :span], values[:, :, :span], index, masks)
+    row_bytes = 2 * H_KV * span * D * 4  # and a few rows at a time: the same bits
+    monkeypatch.setattr(exact, "TREE_BYTES", 3 * row_bytes)
+    few = exact.attend_tree(q, keys[:, :, :span], values[:, :, :span], index, masks)
+    assert torch.equal(few, out)
     for t in range(n):
         path = tree[0, t].nonzero()[:, 0]  # its ancestors and itself, in order
         k, v = keys.clone(), values.clone()  # the chain: the prefix, then the path
@@ -74,6 +79,12 @@ def test_a_tree_row_holds_the_bits_of_its_chain():
         v[:, :, start : start + len(path)] = values[:, :, start + path]
         one = _decode(q[0, :, t], k, v, 0, start + len(path) - 1)
         assert torch.equal(out[0, :, t], one), t
+
+
+def test_every_verify_step_attends_exactly():
+    from leapdecode.config import MAX_K
+
+    assert exact.MAX_ROWS == MAX_K + 1
 
 
 def test_query_rows_never_leave_a_short_last_block():

@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 KV_BLOCK = 512  # the CPU flash attention kernel's key block (kv_split_size)
 MIN_ROWS = 4  # from this many rows a query block gives each row the same bits
-MAX_ROWS = 65  # steps of up to config.MAX_K + 1 new tokens attend this way
+MAX_ROWS = 65  # steps of up to config.MAX_K + 1 new tokens attend this way (a test checks)
+TREE_BYTES = 64 << 20  # a tree step copies its rows' keys and values this many bytes at a time
 
 
 def padded_span(span: int) -> int:
@@ -67,10 +68,16 @@ def _grouped(seen: torch.Tensor, groups: int) -> torch.Tensor:
     return seen[:, None]
 
 
+def additive(mask: torch.Tensor) -> torch.Tensor:
+    """A boolean mask as the float one SDPA makes of it (0 seen, -inf not): made once a step
+    instead of once a layer."""
+    return torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
 def chain_masks(start, n_new: int, span: int, query_pos, windows, groups: int, device) -> dict:
-    """Masks for `attend`, one per window size, for a step of new tokens in a chain (row t of
-    sequence b at cache index start[b] + t); span from padded_span, groups = query heads per
-    key head."""
+    """Boolean masks for `attend` (`additive` turns them into its float ones), one per window
+    size, for a step of new tokens in a chain (row t of sequence b at cache index start[b] +
+    t); span from padded_span, groups = query heads per key head."""
     limit = start[:, None] + torch.arange(n_new)  # [B, T]
     qpos = query_pos.cpu()
     return {w: _grouped(_visible(limit, qpos, span, w), groups).to(device) for w in windows}
@@ -99,7 +106,8 @@ def tree_plan(start, tree_mask, span: int, query_pos, windows, groups: int, devi
 
 
 def attend(q, keys, values, mask) -> torch.Tensor:
-    """q [B, H, T, D], keys / values [B, H_kv, S, D], a mask from chain_masks -> [B, H, T, D]."""
+    """q [B, H, T, D], keys / values [B, H_kv, S, D], a mask [B, 1, R, S] from chain_masks or
+    tree_plan (rows g * T + t, then padding) -> [B, H, T, D]."""
     b, h, t, d = q.shape
     h_kv = keys.shape[1]
     rows = h // h_kv * t
@@ -114,10 +122,18 @@ def attend_tree(q, keys, values, index, mask) -> torch.Tensor:
     """q [B, H, T, D], keys / values [B, H_kv, S, D], (index, mask) from tree_plan ->
     [B, H, T, D]: each row alone over its own copy of its chain's keys."""
     b, h, t, d = q.shape
-    rows = torch.arange(b, device=index.device)[:, None, None]  # [B, 1, 1]
-    # [B, T, S, H_kv, D] -> [B*T, H_kv, S, D]
-    k = keys[rows, :, index].permute(0, 1, 3, 2, 4).flatten(0, 1)
-    v = values[rows, :, index].permute(0, 1, 3, 2, 4).flatten(0, 1)
+    span = index.shape[-1]
+    seq = torch.arange(b, device=index.device)[:, None].expand(b, t).reshape(-1)  # [B*T]
+    index = index.reshape(b * t, span)  # [B*T, S]
     one = q.transpose(1, 2).reshape(b * t, h, 1, d)  # every row a call of its own
-    o = attend(one, k, v, mask)  # [B*T, H, 1, D]
+    o = torch.empty_like(one)  # [B*T, H, 1, D]
+    # a few rows at a time: each row's copy of its keys is its span (a 65-node tree over 4k
+    # cached tokens would copy half a GB a layer at once); a row's bits do not depend on it
+    step = max(1, TREE_BYTES // (2 * keys.shape[1] * span * d * keys.element_size()))
+    for lo in range(0, b * t, step):
+        r = slice(lo, lo + step)
+        at = (seq[r, None], slice(None), index[r])  # -> [rows, S, H_kv, D]
+        k = keys[at].transpose(1, 2)  # [rows, H_kv, S, D]
+        v = values[at].transpose(1, 2)
+        o[r] = attend(one[r], k, v, mask[r])
     return o.view(b, t, h, d).transpose(1, 2)

@@ -468,9 +468,10 @@ class NativeLlama(CausalLM):
 
     @staticmethod
     def _widen(mask, rows: torch.Tensor, width: int, n_new: int, span: int):
-        """A [B, 1, T, S] mask (None: all visible) placed at `rows` of a [width, 1, T, S] one
-        whose other rows (holes) see every key (their outputs are dropped); CAUSAL stays
-        CAUSAL (the same for every row, holes included)."""
+        """A [B, 1, n_new, S] mask (None: all visible; n_new: a row's query rows, exact rows'
+        padded ones included) placed at `rows` of a [width, 1, n_new, S] one whose other rows
+        (holes) see every key (their outputs are dropped); CAUSAL stays CAUSAL (the same for
+        every row, holes included)."""
         if mask is CAUSAL:  # the same for every row, holes included
             return mask
         full = torch.ones(width, 1, n_new, span, dtype=torch.bool, device=rows.device)
@@ -697,10 +698,13 @@ class NativeLlama(CausalLM):
             )
             if out is not None:
                 return out
-        masks = self._masks(start, n_new, span, tree_mask, positions, same_start)
+        # a fresh prompt runs SDPA's causal path (_masks: CAUSAL), shared by every method
+        causal = fresh and n_new > 1 and any(w is None or span <= w for w in self.windows)
+        exact_step = self.exact_rows and n_new <= exact.MAX_ROWS and not causal
         read_span, tree_index = span, None  # the keys attention reads; a tree's gather
-        exact_step = self.exact_rows and n_new <= exact.MAX_ROWS and CAUSAL not in masks.values()
-        if exact_step:  # every row computes what the decode step of its token computes
+        if not exact_step:
+            masks = self._masks(start, n_new, span, tree_mask, positions, same_start)
+        else:  # every row computes what the decode step of its token computes
             read_span = exact.padded_span(span)
             groups = self.n_heads // self.n_kv_heads
             if tree_mask is None:
@@ -730,7 +734,10 @@ class NativeLlama(CausalLM):
             width = hi - lo + 1
             rows = exact.query_rows(n_new * groups) if exact_step else n_new  # a mask's rows
             masks = {w: self._widen(m, span_rows, width, rows, read_span) for w, m in masks.items()}
+        if exact_step:  # the float masks SDPA would make of these, once a step
+            masks = {w: exact.additive(m) for w, m in masks.items()}
         # a prompt's rows (more than a verify step has): quantized weights dequantized for them
+        # (a prompt batched with a longer one too: prefill is shared by every method)
         prompt = n_new > exact.MAX_ROWS
         dev_slots = slots.to(self.device)
         write_pos = write_pos.to(self.device)

@@ -4,7 +4,9 @@ Activations stay in the model's dtype; the matmuls run in PyTorch's own kernels
 (`torch._weight_int8pack_mm`, `torch._weight_int4pack_mm_for_cpu` on CPU, `_weight_int4pack_mm`
 on CUDA), which give each row of an n-row call the bits a one-row call gives it: a verify row
 computes what a decode step computes, so speculation stays lossless against the quantized
-model's own greedy output.
+model's own greedy output. A prompt's many rows (ops.linear's `prompt`) run the weight
+dequantized for the call instead, on CPU: the kernels are slow for many rows, and a prompt's
+bits are shared by every method.
 
     w [out, in] float  ->  Int8Weight(q [out, in] int8, scale [out])
                        ->  Int4Weight(packed, scale_zero [in / group, out, 2], group)
@@ -67,11 +69,7 @@ class Int4Weight:
         self.layout = None  # how the CPU kernel's packing reads back (_nibbles_t), once known
         if w.device.type == "cpu":
             self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
-            qt = q.t().to(torch.uint8)
-            self.layout = next(
-                (c for c in LAYOUTS if torch.equal(_nibbles_t(self.packed, out_f, in_f, *c), qt)),
-                None,
-            )
+            self.layout = _find_layout(self.packed, q)
         else:  # tinygemm (CUDA, Ampere and later): q as uint8 pairs
             q8 = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
             self.packed = torch._convert_weight_to_int4pack(q8, 8)
@@ -114,9 +112,24 @@ class Int4Weight:
 # The CPU int4 kernel's packing (torch._convert_weight_to_int4pack_for_cpu) by its vector
 # width: output rows in blocks of 64 (AVX-512) or 32, each block [in, block / 2] bytes; in a
 # full block, byte i holds rows i (low nibble) and i + block / 2 (high) ("halves"), or rows
-# 2i and 2i + 1 ("pairs": the unvectorized build, and any last, partial block). Tried in
-# order when a weight is quantized; none matching, prompts run through the kernel.
-LAYOUTS = ((64, "halves"), (32, "halves"), (32, "pairs"))
+# 2i and 2i + 1 ("pairs": the unvectorized build, and any last, partial block; blocks of 16
+# on ARM). Tried when a weight is quantized; none matching, prompts run through the kernel.
+LAYOUTS = ((64, "halves"), (32, "halves"), (32, "pairs"), (16, "pairs"))
+_FOUND: list = []  # the layout this process's kernel packs with, once one matched
+
+
+def _find_layout(packed: torch.Tensor, q: torch.Tensor):
+    """The LAYOUTS entry that reads `packed` back as q [n, k], or None."""
+    n, k = q.shape
+    qt = q.t().to(torch.uint8)
+    for c in _FOUND + [c for c in LAYOUTS if c not in _FOUND]:
+        try:
+            if torch.equal(_nibbles_t(packed, n, k, *c), qt):
+                _FOUND[:] = [c]
+                return c
+        except RuntimeError:  # another packing's size: not this layout
+            continue
+    return None
 
 
 def _nibbles_t(packed: torch.Tensor, n: int, k: int, block: int, order: str) -> torch.Tensor:
