@@ -48,8 +48,9 @@ SHAPE_RATE = 0.1  # how fast a (B, T) cell of the shape correction follows its s
 PROFILE_BUDGET_S = 20.0  # the profile's time: fewer points and repeats where steps are slow
 REPEAT_S = 0.1  # a point's repeats stop once they have taken this long
 # a saved profile of another version is measured again; 2: exact rows attend in one call a
-# layer (a verify step's cost changed), and quantized weights key their own profile
-PROFILE_VERSION = 2
+# layer (a verify step's cost changed), and quantized weights key their own profile; 3: a
+# draft's rows are no longer exact (its step's cost changed), and the key says which are
+PROFILE_VERSION = 3
 
 
 def _prefix(model: CausalLM, batch: int, cached: int) -> None:
@@ -496,6 +497,7 @@ def _model(model: CausalLM) -> dict | None:
         "quantize": getattr(model, "quantize", None),
         "device": str(model.device),
         "head": None if head is None else int(len(head)),
+        "exact_rows": bool(getattr(model, "exact_rows", False)),
         "compiled": None
         if compiled is None
         else [type(compiled).__name__, bool(getattr(compiled, "kernel", False))],

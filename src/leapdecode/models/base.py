@@ -54,6 +54,11 @@ class CausalLM(ABC):
     dtype: torch.dtype
     config: object  # the transformers config object
     head_ids: torch.Tensor | None = None  # [V_sub] token ids the logits cover (None: all)
+    # every row of a step computes the bits a one-row step computes (the native backend's
+    # bfloat16 / float16 on CPU): a target's verify rows must, or ties break otherwise. A
+    # draft need not (its proposals are checked, never kept unchecked): the proposer turns it
+    # off, before the cache is allocated
+    exact_rows = False
 
     @property
     def packs_rows(self) -> int:
