@@ -8,7 +8,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from .config import MAX_K, SEED_MAX, SamplingParams
+from .config import DRAFT_CONTEXT, MAX_K, SEED_MAX, SamplingParams
 from .engine import Engine
 from .errors import LeapDecodeError
 from .frontend import Frontend, GenerationResult, TextStream, load_tokenizer
@@ -66,6 +66,7 @@ class LeapDecoder:
         pard_vocab_ranking: dict | None = None,
         max_model_len: int | None = None,
         kv_cache_memory: int | str | None = None,
+        draft_context: int | None = DRAFT_CONTEXT,
     ):
         self.target = target
         self.speculators = dict(speculators or {})  # {"medusa": heads, "eagle": head}
@@ -94,6 +95,7 @@ class LeapDecoder:
             pard=pard,
             max_model_len=max_model_len,
             kv_cache_memory=kv_cache_memory,
+            draft_context=draft_context,
             # each token's characters, for matching the text on them (without a tokenizer:
             # tokens only)
             token_strings=None
@@ -126,6 +128,7 @@ class LeapDecoder:
         pard: str | None = None,
         max_model_len: int | None = None,
         kv_cache_memory: int | str | None = None,
+        draft_context: int | None = DRAFT_CONTEXT,
     ) -> LeapDecoder:
         """device: cpu | cuda (default: $LEAPDECODE_DEVICE, else cpu: the whole test suite
         runs on a GPU with LEAPDECODE_DEVICE=cuda);
@@ -136,6 +139,8 @@ class LeapDecoder:
         against the quantized model's own output; models/quant.py);
         draft_vocab: the draft proposes only its N most frequent tokens (default: the draft
         folder's recommendation; 0: all), set once for every request;
+        draft_context: the most tokens of a sequence the draft model is fed at once (its
+        first tokens and a recent window: a long prompt's draft prefill stays short; 0: all);
         max_num_seqs: KV slots, the most sequences decoded together;
         threads: CPU threads for torch (default: see leapdecode.threads);
         suffix_decoding_max_tree_depth / _max_cached_requests: the suffix method's tries
@@ -203,6 +208,7 @@ class LeapDecoder:
             read_vocab_ranking(pard),
             max_model_len,
             kv_cache_memory,
+            draft_context,
         )
         if compile:
             dec.engine.compile()

@@ -73,6 +73,7 @@ FLAG_NAMES = {
     "draft_min_prob": "--draft-min-prob",
     "max_new_tokens": "--max-new-tokens",
     "draft_vocab": "--draft-vocab",
+    "draft_context": "--draft-context",
     "max_num_seqs": "--max-num-seqs",
     "max_model_len": "--max-model-len",
     "kv_cache_memory": "--kv-cache-memory",

@@ -244,9 +244,25 @@ def load_options(args) -> dict:
     )
     if hasattr(args, "draft_vocab"):
         out["draft_vocab"] = args.draft_vocab
+    if hasattr(args, "draft_context"):
+        out["draft_context"] = args.draft_context
     if hasattr(args, "suffix_max_tree_depth"):
         out.update(engine_options(args))
     return out
+
+
+def add_draft_context_arg(p: argparse.ArgumentParser) -> None:
+    from .config import DRAFT_CONTEXT as CONTEXT
+
+    p.add_argument(
+        "--draft-context",
+        type=int,
+        default=CONTEXT,
+        metavar="N",
+        help="draft: the most tokens of a sequence the draft model is fed at once, its first "
+        f"tokens and the latest (a long prompt's draft prefill stays short; default {CONTEXT}; "
+        "0 = all)",
+    )
 
 
 def add_generation_args(p: argparse.ArgumentParser, method_default: str) -> None:
@@ -279,3 +295,4 @@ def add_generation_args(p: argparse.ArgumentParser, method_default: str) -> None
         help="draft: propose only the N most frequent tokens (default: the draft folder's "
         "draft_vocab.json recommendation, if any; 0 = the whole vocabulary)",
     )
+    add_draft_context_arg(p)

@@ -7,7 +7,7 @@ import os
 import platform
 import time
 
-from ..cli_args import add_verify_arg
+from ..cli_args import add_draft_context_arg, add_verify_arg
 from ..config import MAX_K, SamplingParams, SpecConfig
 from ..errors import LeapDecodeError
 from ..paths import PROMPTS, REPO, resolve_pard
@@ -83,6 +83,7 @@ def fill_parser(p, model_args) -> None:
         default=None,
         help="our draft's head: N most frequent tokens (default: the draft folder's)",
     )
+    add_draft_context_arg(run)
     run.add_argument(
         "--draft-min-prob",
         type=float,
@@ -591,6 +592,7 @@ def _signature(args, target, draft, dec, sets, methods, repeats, cap) -> dict:
         # only when set: runs from before the option keep resuming
         **({"quantize": [args.quantize, args.draft_quantize]} if quantized else {}),
         "draft_vocab": args.draft_vocab,
+        "draft_context": args.draft_context,
         "device": str(dec.target.device),
         "cpu": cpu_description() if dec.target.device.type == "cpu" else None,
         "threads": torch.get_num_threads(),

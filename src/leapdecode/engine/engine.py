@@ -26,7 +26,7 @@ from collections import deque
 import torch
 
 from .. import memory
-from ..config import MAX_K
+from ..config import DRAFT_CONTEXT, MAX_K
 from ..errors import LeapDecodeError
 from ..models.base import CausalLM, HiddenRequest
 from ..proposers import registry
@@ -86,6 +86,7 @@ class Engine:
         pard: CausalLM | None = None,
         max_model_len: int | None = None,
         kv_cache_memory: int | str | None = None,
+        draft_context: int | None = DRAFT_CONTEXT,
     ) -> None:
         """target, draft: the models (pard: a parallel draft model beside the draft, with
         its own cache); medusa, eagle, peagle: heads trained on the target;
@@ -93,8 +94,9 @@ class Engine:
         max_model_len: the longest sequence (prompt and output), at most the target's own
         context (default: the longest whose KV caches fit kv_cache_memory); kv_cache_memory:
         bytes, or a size such as "4GiB", for every model's KV cache together (default: a
-        share of the memory free now; memory.py). Every registered method whose proposer can
-        run on these is built (registry.py)."""
+        share of the memory free now; memory.py); draft_context: the most tokens a draft
+        model's catch-up feeds (a window of the sequence; None: all; proposers/draft_model.py).
+        Every registered method whose proposer can run on these is built (registry.py)."""
         if max_num_seqs < 1:
             raise LeapDecodeError("max_num_seqs must be >= 1", field="max_num_seqs")
         self.target = target
@@ -116,6 +118,7 @@ class Engine:
             suffix_decoding_max_tree_depth,
             suffix_decoding_max_cached_requests,
             token_strings,
+            draft_context,
         )
         self.proposers: dict[str, Proposer] = {}
         for name in registry.names()[:-1]:  # all but auto

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import DRAFT_CONTEXT
 from ..models.base import CausalLM, HiddenRequest
 from ..sequence import Sequence, pad_right
 from ..tree import chain_parents
@@ -54,6 +55,7 @@ class Parts:
     suffix_max_depth: int = 24  # the suffix tries' longest counted substring
     suffix_max_cached: int = 10_000  # finished requests the global suffix trie keeps
     token_strings: list[str] | None = None  # each token's text (character matching)
+    draft_context: int | None = DRAFT_CONTEXT  # the most tokens a draft model's catch-up feeds
 
 
 @dataclass

@@ -4,6 +4,14 @@ Cache bookkeeping per sequence: `fed[id]` tokens of `seq.tokens` are in the draf
 A proposal first feeds what the draft has not seen yet (the target's last token, and the
 last draft when all were accepted), then k - 1 more single-token steps. After verification
 the cache is cut back to the longest prefix that is still part of the sequence.
+
+A draft's context may be windowed (`context`, the draft-context option): where more than
+that many tokens are unseen (a long prompt, or a long run that other methods accepted), the
+draft is fed the sequence's first SINK tokens and its last `context - SINK` only, as
+StreamingLLM keeps a model's attention sinks and a recent window (MagicDec drafts with such
+a cache). Its prefill then costs a bounded number of tokens, however long the prompt; the
+draft proposes from a shorter text, and the target still checks every token.
+`base[id]`: the draft cache's index of seq.tokens[i] is i + base[id] (0 unless windowed).
 """
 
 from __future__ import annotations
@@ -14,11 +22,14 @@ import os
 import numpy as np
 import torch
 
+from ..config import DRAFT_CONTEXT
+from ..errors import LeapDecodeError
 from ..models.base import CausalLM
 from ..sampling import process_rows, sample_from
 from ..sequence import Sequence, pad_right
 from .base import Drafts, Offer, Parts, Proposer
 
+SINK = 4  # a windowed draft's first tokens kept (attention sinks)
 VOCAB_FILE = "draft_vocab.json"  # {"ranked_token_ids": [...], "recommended": N, "source": ...}
 
 
@@ -83,22 +94,41 @@ class DraftModelProposer(Proposer):
     costs = "forwards"
     stochastic = True
 
-    def __init__(self, model: CausalLM, target_vocab_size: int) -> None:
+    def __init__(
+        self, model: CausalLM, target_vocab_size: int, context: int | None = DRAFT_CONTEXT
+    ) -> None:
+        if context is not None and (
+            not isinstance(context, int)
+            or isinstance(context, bool)
+            or 0 < context < 2 * SINK
+            or context < 0
+        ):
+            raise LeapDecodeError(
+                f"draft_context must be an integer >= {2 * SINK} (the most tokens of a "
+                f"sequence a draft model's catch-up feeds), or 0 for all; got {context!r}",
+                field="draft_context",
+            )
         self.model = model
         self.vocab = target_vocab_size
-        self.fed: dict[int, int] = {}  # tokens of seq.tokens in the draft cache
+        self.context = context or None  # the most tokens a catch-up feeds (None: all)
+        self.fed: dict[int, int] = {}  # tokens of seq.tokens the draft has seen
+        self.base: dict[int, int] = {}  # cache index of seq.tokens[i] - i (windowed: < 0)
         self.fed_drafts: dict[int, int] = {}  # drafts in the cache after them
 
     @classmethod
     def build(cls, parts: Parts) -> DraftModelProposer | None:
-        return None if parts.draft is None else cls(parts.draft, parts.target.vocab_size)
+        if parts.draft is None:
+            return None
+        return cls(parts.draft, parts.target.vocab_size, parts.draft_context)
 
     def offer(self, seq: Sequence, budget: int) -> Offer | None:
         return Offer(budget) if budget > 0 else None
 
     def unseen(self, seq: Sequence) -> int:
-        """Its prompt (fed lazily) and what other methods accepted since it last drafted."""
-        return len(seq.tokens) - self.fed.get(seq.id, 0)
+        """What a catch-up would feed: its prompt (fed lazily) and what other methods
+        accepted since it last drafted, at most the window."""
+        n = len(seq.tokens) - self.fed.get(seq.id, 0)
+        return n if self.context is None else min(n, self.context)
 
     def _slots(self, seqs: list[Sequence]) -> torch.Tensor:
         return torch.tensor([s.slot for s in seqs], dtype=torch.long)
@@ -128,6 +158,7 @@ class DraftModelProposer(Proposer):
         # The prompt is fed lazily, with the first proposal (auto may never draft for it).
         for s in seqs:
             self.fed[s.id] = 0
+            self.base[s.id] = 0
             self.fed_drafts[s.id] = 0
         self.model.truncate(self._slots(seqs), torch.zeros(len(seqs), dtype=torch.long))
 
@@ -135,7 +166,7 @@ class DraftModelProposer(Proposer):
         """Feed seq.tokens[fed:upto] for each sequence in right-padded forwards: one, unless
         the padding would run a long sequence past the cache (a newcomer's whole prompt beside
         a sequence near the end of its context); then in groups that fit."""
-        pending = [s.tokens[self.fed[s.id] : n] for s, n in zip(seqs, upto, strict=True)]
+        pending = [self._pending(s, n) for s, n in zip(seqs, upto, strict=True)]
         start = self.model.lengths(self._slots(seqs))  # [B]
         cache = getattr(self.model, "cache", None)  # the native backend's fixed-size cache
         limit = getattr(cache, "max_len", None)
@@ -150,6 +181,19 @@ class DraftModelProposer(Proposer):
         for s, n in zip(seqs, upto, strict=True):
             self.fed[s.id] = n
         return torch.stack(logits)  # [B, V]
+
+    def _pending(self, seq: Sequence, upto: int) -> list[int]:
+        """The tokens to feed so that the draft has seen seq.tokens[:upto]. More than the
+        window unseen: the cache is cut back to the first SINK tokens (fed with them if it
+        lacks them) and the window's last tokens follow them."""
+        fed = self.fed[seq.id]
+        if self.context is None or upto - fed <= self.context:
+            return seq.tokens[fed:upto]
+        sink = min(SINK, fed + self.base[seq.id])  # sink tokens already in the cache
+        self.model.truncate(torch.tensor([seq.slot]), torch.tensor([sink]))
+        start = upto - (self.context - SINK)  # seq.tokens[start] follows the sinks
+        self.base[seq.id] = SINK - start
+        return seq.tokens[sink:SINK] + seq.tokens[start:upto]
 
     def _choose(self, seqs, logits, drafting: list[bool]):
         """Next draft token per row [B], and the processed q rows [B, V] (None: all greedy)."""
@@ -224,11 +268,12 @@ class DraftModelProposer(Proposer):
             self.fed[s.id] = keep
             self.fed_drafts[s.id] = 0
             slots.append(s.slot)
-            lens.append(keep)
+            lens.append(keep + self.base[s.id])
         if slots:
             self.model.truncate(torch.tensor(slots), torch.tensor(lens))
 
     def remove(self, seqs: list[Sequence]) -> None:
         for s in seqs:
             self.fed.pop(s.id, None)
+            self.base.pop(s.id, None)
             self.fed_drafts.pop(s.id, None)

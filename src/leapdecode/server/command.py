@@ -6,7 +6,7 @@ import errno
 import os
 from functools import partial
 
-from ..cli_args import add_draftless_args, load_options, spec_options
+from ..cli_args import add_draft_context_arg, add_draftless_args, load_options, spec_options
 from ..config import MAX_K, SpecConfig, parse_k_table
 from ..errors import LeapDecodeError
 from ..proposers import registry
@@ -50,6 +50,7 @@ def add_parser(sub, model_args) -> None:
         default=None,
         help="the draft proposes only its N most frequent tokens (0 = all)",
     )
+    add_draft_context_arg(p)
     p.add_argument(
         "--api-key",
         default=os.environ.get("LEAPDECODE_API_KEY"),
