@@ -107,6 +107,33 @@ def test_a_second_pull_is_instant_and_the_command_prints_the_folder(pulled, monk
     assert rows[Q05].endswith(" no") and Q05 in rows[Q15]  # the 1.5B's draft column
 
 
+def test_a_pulled_draft_comes_with_its_vocabulary_ranked(pulled, monkeypatch, tmp_path):
+    """A model some catalogue entry recommends as a draft is pulled with draft_vocab.json
+    (FR-Spec: the draft's head cut to the tokens code uses), and drafts with that head."""
+    import shutil
+    import sysconfig
+
+    from leapdecode import LeapDecoder
+    from leapdecode import pull as pull_module
+    from leapdecode.train import corpus
+
+    monkeypatch.setenv("LEAPDECODE_CACHE", str(tmp_path))
+    os.makedirs(cache_dir("gguf"))
+    shutil.copy(os.path.join(pulled.root, "gguf", SMOL + ".gguf"), cache_dir("gguf"))
+    listed = {**catalogue(), "a-target": {"recommended_draft": SMOL}}
+    monkeypatch.setattr(pull_module, "catalogue", lambda: listed)
+    small = os.path.join(sysconfig.get_paths()["stdlib"], "json")  # a small corpus to count
+    monkeypatch.setattr(corpus, "stdlib_dir", lambda: small)
+    folder = pull(SMOL, progress=False)
+    with open(os.path.join(folder, "draft_vocab.json")) as f:
+        ranking = json.load(f)
+    assert 0 < ranking["recommended"] < len(ranking["ranked_token_ids"])
+    dec = LeapDecoder.from_pretrained(folder, draft=folder, max_model_len=256)
+    assert len(dec.draft.head_ids) == ranking["recommended"]
+    plain = dec.generate("def add(a, b):", max_new_tokens=12).token_ids
+    assert dec.generate("def add(a, b):", method="draft", k=3, max_new_tokens=12).token_ids == plain
+
+
 def test_resolve_a_catalogue_name_and_a_folder(pulled, monkeypatch):
     monkeypatch.setenv("LEAPDECODE_CACHE", pulled.root)
     assert resolve_model(SMOL) == pulled.folder

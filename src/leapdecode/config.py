@@ -17,7 +17,7 @@ from .proposers import registry
 # per sequence and per step, the method and the number of draft tokens (0 included) that
 # maximise the whole batch's goodput.
 MAX_K = 64  # the most draft tokens a step may verify per sequence
-DRAFT_CONTEXT = 512  # a draft model's window by default (proposers/draft_model.py)
+DRAFT_CONTEXT = 256  # a draft model's window by default (proposers/draft_model.py)
 # How a draft model's sampled chains are verified (verify.py): token by token (Leviathan et
 # al.), or as a block (Sun et al. 2024); auto = block where it applies, tokens elsewhere
 # (trees, greedy, deterministic drafts: where the two keep the same drafts).

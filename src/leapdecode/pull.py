@@ -77,6 +77,16 @@ def pull(
             "gguf_sha256": entry["gguf"]["sha256"],
         }
         convert_gguf(gguf, folder, entry.get("eos_token_ids"), record, progress)
+        if any(e.get("recommended_draft") == name for e in catalogue().values()):
+            # a draft: its LM head cut to the tokens code uses (FR-Spec, train/draft_vocab.py)
+            from .train.draft_vocab import write_ranking
+
+            out = write_ranking(folder)
+            say(
+                f"{name} drafts with its {out['recommended']} most frequent tokens "
+                "(draft_vocab.json; --draft-vocab 0: all)",
+                progress,
+            )
         if not keep_files:  # a GGUF file there before (`pull --gguf`) stays
             _delete_files(name, None if have_gguf else gguf, progress)
     return folder

@@ -75,10 +75,7 @@ def share(counts: np.ndarray, ids: np.ndarray) -> float:
 
 
 def cmd_draft_vocab(args) -> int:
-    from ..proposers.draft_model import VOCAB_FILE
-    from ..resolve import resolve_model
-    from . import corpus
-    from .fit import extensions, load_tokenizer
+    from .fit import extensions
 
     if not 0 < args.coverage <= 1:
         raise LeapDecodeError(f"--coverage must be in (0, 1], got {args.coverage}")
@@ -86,27 +83,56 @@ def cmd_draft_vocab(args) -> int:
         raise LeapDecodeError(
             f"--recommended must be >= 0 (0: by --coverage), got {args.recommended}"
         )
+    from ..resolve import resolve_model
+
     folder = resolve_model(args.draft, "draft")
+    out = write_ranking(
+        folder, args.data, extensions(args), args.val_percent, args.coverage, args.recommended
+    )
+    held = out["held_out_coverage_of_recommended"]
+    held_txt = "" if held is None else f", {held:.2%} of the held-out files'"
+    print(
+        f"wrote {os.path.join(folder, 'draft_vocab.json')}: the draft's head keeps "
+        f"{out['recommended']} of {len(out['ranked_token_ids'])} tokens, "
+        f"{out['coverage_of_recommended']:.2%} of those counted{held_txt}. "
+        f"The draft loads with it from now on; --draft-vocab 0 keeps the whole vocabulary."
+    )
+    return 0
+
+
+def write_ranking(
+    folder: str,
+    data: str | None = None,
+    exts: tuple[str, ...] = (".py",),
+    val_percent: float = 2.0,
+    coverage: float = 0.999,
+    recommended: int = 0,
+) -> dict:
+    """Count the corpus (`data`, default the Python standard library) with the model folder's
+    tokenizer and write its draft_vocab.json; returns what it wrote."""
+    from ..proposers.draft_model import VOCAB_FILE
+    from . import corpus
+    from .fit import load_tokenizer
+
     tokenizer = load_tokenizer(folder)
     config = os.path.join(folder, "config.json")
     vocab_size = len(tokenizer)
     if os.path.isfile(config):  # the model's rows (Qwen pads its embedding past the tokenizer)
         with open(config) as f:
             vocab_size = int(json.load(f).get("vocab_size") or vocab_size)
-    root = args.data or corpus.stdlib_dir()
-    files = corpus.scan(root, extensions(args), args.val_percent)
+    root = data or corpus.stdlib_dir()
+    files = corpus.scan(root, exts, val_percent)
     train = [f for f in files if f.split == "train"]
     held_out = [f for f in files if f.split == "validation"]
     if not train:
         raise LeapDecodeError(
-            f"no {', '.join(extensions(args))} files to count in {root!r}: pass --data DIR "
+            f"no {', '.join(exts)} files to count in {root!r}: pass --data DIR "
             "(and --ext) with text like what the target will write"
         )
     counts = count(tokenizer, root, train, vocab_size)
     special = sorted(tokenizer.added_tokens_decoder)  # end-of-turn and the like, always kept
     ranked = rank(counts, special)
-    n = args.recommended or recommend(counts, ranked, args.coverage)
-    n = min(n, vocab_size)
+    n = min(recommended or recommend(counts, ranked, coverage), vocab_size)
     held = count(tokenizer, root, held_out, vocab_size) if held_out else None
     out = {
         "ranked_token_ids": ranked.tolist(),
@@ -120,15 +146,4 @@ def cmd_draft_vocab(args) -> int:
     with open(path + ".tmp", "w") as f:
         json.dump(out, f)
     os.replace(path + ".tmp", path)
-    held_txt = (
-        f", {out['held_out_coverage_of_recommended']:.2%} of the held-out files' "
-        f"({len(held_out)} files)"
-        if held is not None
-        else ""
-    )
-    print(
-        f"wrote {path}: the draft's head keeps {n} of {vocab_size} tokens, "
-        f"{out['coverage_of_recommended']:.2%} of the {int(counts.sum())} counted{held_txt}. "
-        f"The draft loads with it from now on; --draft-vocab 0 keeps the whole vocabulary."
-    )
-    return 0
+    return out
