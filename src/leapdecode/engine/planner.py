@@ -322,7 +322,7 @@ class Planner:
             for s, p in zip(seqs, plan, strict=True)
             if s.spec.may_use(self.stepped)
             and s.room() > 1
-            and draft.unseen(s) <= len(s.tokens) - s.prompt_len
+            and draft.started(s)
         ]
         for used in fed:
             self.draft_share += DRAFT_SHARE_EMA * (float(used) - self.draft_share)

@@ -176,6 +176,10 @@ class Proposer(ABC):
         """Tokens of seq it must feed before it can draft (0: none)."""
         return 0
 
+    def started(self, seq: Sequence) -> bool:
+        """Whether it has fed seq's prompt (what auto learns the draft's share of steps on)."""
+        return True
+
     def guess_layers(self, seqs: list[Sequence]) -> float:
         """A proposal's cost for seqs before it has been measured, in target layers' worth
         of a one-row decode step (0: about free)."""

@@ -130,6 +130,9 @@ class DraftModelProposer(Proposer):
         n = len(seq.tokens) - self.fed.get(seq.id, 0)
         return n if self.context is None else min(n, self.context)
 
+    def started(self, seq: Sequence) -> bool:
+        return self.fed.get(seq.id, 0) > 0
+
     def _slots(self, seqs: list[Sequence]) -> torch.Tensor:
         return torch.tensor([s.slot for s in seqs], dtype=torch.long)
 
