@@ -320,9 +320,7 @@ class Planner:
         fed = [  # rows whose prompt it has fed
             p[0] == self.stepped and p[1] > 0
             for s, p in zip(seqs, plan, strict=True)
-            if s.spec.may_use(self.stepped)
-            and s.room() > 1
-            and draft.started(s)
+            if s.spec.may_use(self.stepped) and s.room() > 1 and draft.started(s)
         ]
         for used in fed:
             self.draft_share += DRAFT_SHARE_EMA * (float(used) - self.draft_share)
