@@ -113,18 +113,18 @@ def test_a_pulled_draft_comes_with_its_vocabulary_ranked(pulled, monkeypatch, tm
     import shutil
     import sysconfig
 
-    from leapdecode import LeapDecoder
-    from leapdecode import pull as pull_module
+    from leapdecode import LeapDecoder, resolve
     from leapdecode.train import corpus
+    from leapdecode.train.draft_vocab import rank_catalogue_draft
 
     monkeypatch.setenv("LEAPDECODE_CACHE", str(tmp_path))
     os.makedirs(cache_dir("gguf"))
     shutil.copy(os.path.join(pulled.root, "gguf", SMOL + ".gguf"), cache_dir("gguf"))
     listed = {**catalogue(), "a-target": {"recommended_draft": SMOL}}
-    monkeypatch.setattr(pull_module, "catalogue", lambda: listed)
+    monkeypatch.setattr(resolve, "catalogue", lambda: listed)
     small = os.path.join(sysconfig.get_paths()["stdlib"], "json")  # a small corpus to count
     monkeypatch.setattr(corpus, "stdlib_dir", lambda: small)
-    folder = pull(SMOL, progress=False)
+    folder = pull(SMOL, progress=False, then=rank_catalogue_draft)  # what `leapdecode pull` runs
     with open(os.path.join(folder, "draft_vocab.json")) as f:
         ranking = json.load(f)
     assert 0 < ranking["recommended"] < len(ranking["ranked_token_ids"])

@@ -413,8 +413,9 @@ def cmd_demo(args) -> int:
 
 def cmd_pull(args) -> int:
     from .pull import cmd_pull as run
+    from .train.draft_vocab import rank_catalogue_draft
 
-    return run(args)
+    return run(args, then=rank_catalogue_draft)
 
 
 def cmd_serve(args) -> int:

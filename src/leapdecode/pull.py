@@ -50,11 +50,17 @@ def entry_for(name: str) -> dict:
 
 
 def pull(
-    name: str, progress: bool = True, keep_files: bool = False, entry: dict | None = None
+    name: str,
+    progress: bool = True,
+    keep_files: bool = False,
+    entry: dict | None = None,
+    then=None,
 ) -> str:
     """Download, check and convert a catalogue model; its folder (at once if pulled before).
 
-    `entry` replaces the catalogue's entry for `name` (tests use it)."""
+    `entry` replaces the catalogue's entry for `name` (tests use it); `then(name, folder,
+    progress)` runs once on a newly converted folder (the CLI's: a draft's vocabulary ranked,
+    train/draft_vocab.py)."""
     entry = entry if entry is not None else entry_for(name)
     folder = cache_dir("models", name)
     if pulled_path(name):
@@ -77,16 +83,8 @@ def pull(
             "gguf_sha256": entry["gguf"]["sha256"],
         }
         convert_gguf(gguf, folder, entry.get("eos_token_ids"), record, progress)
-        if any(e.get("recommended_draft") == name for e in catalogue().values()):
-            # a draft: its LM head cut to the tokens code uses (FR-Spec, train/draft_vocab.py)
-            from .train.draft_vocab import write_ranking
-
-            out = write_ranking(folder)
-            say(
-                f"{name} drafts with its {out['recommended']} most frequent tokens "
-                "(draft_vocab.json; --draft-vocab 0: all)",
-                progress,
-            )
+        if then is not None:
+            then(name, folder, progress)
         if not keep_files:  # a GGUF file there before (`pull --gguf`) stays
             _delete_files(name, None if have_gguf else gguf, progress)
     return folder
@@ -324,7 +322,8 @@ def add_parser(sub) -> None:
     )
 
 
-def cmd_pull(args) -> int:
+def cmd_pull(args, then=None) -> int:
+    """`leapdecode pull`; `then`: see pull()."""
     if args.list:
         if args.names:
             raise LeapDecodeError("give either NAMEs to pull or --list, not both")
@@ -338,7 +337,7 @@ def cmd_pull(args) -> int:
         for path in [gguf_file(name) for name in args.names]:
             print(path, flush=True)
         return 0
-    folders = [pull(name, keep_files=args.keep_files) for name in args.names]
+    folders = [pull(name, keep_files=args.keep_files, then=then) for name in args.names]
     for name in args.names:
         draft = catalogue()[name].get("recommended_draft")
         if draft and draft not in args.names and pulled_path(draft) is None:

@@ -147,3 +147,19 @@ def write_ranking(
         json.dump(out, f)
     os.replace(path + ".tmp", path)
     return out
+
+
+def rank_catalogue_draft(name: str, folder: str, progress: bool = True) -> None:
+    """A freshly pulled model that some catalogue entry recommends as a draft: its vocabulary
+    ranked on the Python standard library, so that it drafts with an FR-Spec head."""
+    from ..resolve import catalogue
+
+    if not any(e.get("recommended_draft") == name for e in catalogue().values()):
+        return
+    out = write_ranking(folder)
+    if progress:
+        print(
+            f"{name} drafts with its {out['recommended']} most frequent tokens "
+            "(draft_vocab.json; --draft-vocab 0: all)",
+            flush=True,
+        )
