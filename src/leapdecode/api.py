@@ -81,10 +81,8 @@ class LeapDecoder:
         self.max_num_seqs = max_num_seqs
         if draft is not None:
             _restrict_head(draft, draft_vocab_ranking, draft_vocab, target.vocab_size)
-            draft.exact_rows = False  # a draft's rows need not hold a one-row step's bits
         if pard is not None:  # the folder's own recommendation
             _restrict_head(pard, pard_vocab_ranking, None, target.vocab_size)
-            pard.exact_rows = False
         self._engine: Engine | None = None
         self._engine_options = dict(
             suffix_decoding_max_tree_depth=suffix_decoding_max_tree_depth,

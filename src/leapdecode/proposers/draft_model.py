@@ -109,6 +109,7 @@ class DraftModelProposer(Proposer):
                 field="draft_context",
             )
         self.model = model
+        model.exact_rows = False  # its proposals are checked: its rows need no decode step's bits
         self.vocab = target_vocab_size
         self.context = context or None  # the most tokens a catch-up feeds (None: all)
         self.fed: dict[int, int] = {}  # tokens of seq.tokens the draft has seen
