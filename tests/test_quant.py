@@ -59,12 +59,15 @@ def test_every_row_holds_the_bits_of_a_one_row_call(kind):
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 @pytest.mark.parametrize("out_f", [384, 96, 48])  # whole blocks of 64 outputs, a part block
 def test_a_prompt_runs_the_weight_dequantized(kind, out_f):
-    """A prompt's rows (`prompt=True`) run the weight dequantized for the call (the int4 CPU
+    """A prompt's rows (`prompt=True`) run a copy of the dequantized weight (the int4 CPU
     kernel reads its packing once every 4 rows); the product is the kernel's, up to rounding,
     and the packing reads back exactly (int4: its nibbles found where the kernel put them)."""
     w = _weight(out_f=out_f)
     lay = _layout(kind, w)
     assert lay.for_prompts
+    assert torch.equal(dense(lay.prompt_weight), dense(lay))  # the copy holds the same values
+    bare = quantize(w, kind, torch.bfloat16, prompt_copy=False)  # dequantized for each call
+    assert bare.prompt_weight is None
     if kind == "int4":
         assert lay.layout is not None
         eye = torch.eye(w.shape[1], dtype=torch.bfloat16)
@@ -72,6 +75,34 @@ def test_a_prompt_runs_the_weight_dequantized(kind, out_f):
     x = torch.randn(70, w.shape[1], generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     many, rows = linear(x, lay, None, prompt=True).float(), linear(x, lay, None).float()
     assert (many - rows).abs().max() < 0.05 * rows.abs().max()
+    assert (linear(x, bare, None, prompt=True).float() - many).abs().max() < 0.05 * rows.abs().max()
+
+
+def test_a_draft_runs_its_catch_up_through_the_copy(monkeypatch):
+    """A model whose rows need not be exact (a draft) takes the copy from LOOSE_MANY_ROWS new
+    tokens (its catch-up after a long accepted run, its prompt); a target, whose verify rows
+    must hold a decode step's bits, only for a prompt's many rows."""
+    from leapdecode.models import llama, quant
+    from leapdecode.models.loader import load_model
+
+    calls = []
+    for cls in (quant.Int4Weight, quant.Int8Weight):
+        real = cls.prompt_matmul
+        monkeypatch.setattr(
+            cls, "prompt_matmul", lambda self, *a, _r=real: calls.append(1) or _r(self, *a)
+        )
+    model = load_model(DRAFT, dtype="bfloat16", quantize="int4")
+    model.allocate(1, 256)
+    slot = torch.tensor([0])
+    ids = torch.arange(1, 1 + 3 * llama.LOOSE_MANY_ROWS)[None]  # [1, T]
+    for exact in (False, True):
+        model.exact_rows = exact
+        for n, through_copy in ((llama.LOOSE_MANY_ROWS - 1, False), (llama.LOOSE_MANY_ROWS, True)):
+            model.truncate(slot, torch.tensor([0]))
+            model.forward(ids[:, :8], slot)  # a cached prefix, then n new tokens
+            calls.clear()
+            model.forward(ids[:, 8 : 8 + n], slot)
+            assert bool(calls) == (through_copy and not exact), (exact, n)
 
 
 def test_the_layouts_keep_the_weights():

@@ -49,8 +49,9 @@ PROFILE_BUDGET_S = 20.0  # the profile's time: fewer points and repeats where st
 REPEAT_S = 0.1  # a point's repeats stop once they have taken this long
 # a saved profile of another version is measured again; 2: exact rows attend in one call a
 # layer (a verify step's cost changed), and quantized weights key their own profile; 3: a
-# draft's rows are no longer exact (its step's cost changed), and the key says which are
-PROFILE_VERSION = 3
+# draft's rows are no longer exact (its step's cost changed), and the key says which are;
+# 4: a quantized draft's catch-up runs a dequantized copy from 8 rows (cheaper a token)
+PROFILE_VERSION = 4
 
 
 def _prefix(model: CausalLM, batch: int, cached: int) -> None:

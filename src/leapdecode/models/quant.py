@@ -4,9 +4,12 @@ Activations stay in the model's dtype; the matmuls run in PyTorch's own kernels
 (`torch._weight_int8pack_mm`, `torch._weight_int4pack_mm_for_cpu` on CPU, `_weight_int4pack_mm`
 on CUDA), which give each row of an n-row call the bits a one-row call gives it: a verify row
 computes what a decode step computes, so speculation stays lossless against the quantized
-model's own greedy output. A prompt's many rows (ops.linear's `prompt`) run the weight
-dequantized for the call instead, on CPU: the kernels are slow for many rows, and a prompt's
-bits are shared by every method.
+model's own greedy output. A prompt's many rows (ops.linear's `prompt`) run on CPU through a
+copy of the dequantized weight instead, packed for oneDNN (ops.Packed) once at load: the
+kernels' cost grows with every 4 rows (a 256-row step of the 0.5B in int4 took 2.1x its
+bfloat16 step), dequantizing for each call cost about 0.56 s a step on the 0.5B, and a
+prompt's bits are shared by every method. The copy costs the weight's bfloat16 bytes again:
+on CPU int4 buys a faster one-row step, not memory.
 
     w [out, in] float  ->  Int8Weight(q [out, in] int8, scale [out])
                        ->  Int4Weight(packed, scale_zero [in / group, out, 2], group)
@@ -17,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import LeapDecodeError
+from .ops import lay_out, linear
 
 SCHEMES = ("int8", "int4")
 GROUP = 128  # int4: input channels per (scale, zero) pair
@@ -25,7 +29,7 @@ GROUP = 128  # int4: input channels per (scale, zero) pair
 class Int8Weight:
     """w ~= q * scale[:, None]; q int8 [out, in], scale [out] in the activations' dtype."""
 
-    def __init__(self, w: torch.Tensor, act_dtype: torch.dtype) -> None:
+    def __init__(self, w: torch.Tensor, act_dtype: torch.dtype, prompt_copy: bool = True) -> None:
         w = w.float()
         scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127  # [out]
         self.q = (w / scale[:, None]).round().clamp(-128, 127).to(torch.int8)  # [out, in]
@@ -33,6 +37,7 @@ class Int8Weight:
         self.shape, self.dtype, self.device = self.q.shape, act_dtype, w.device
         # ops.linear: a prompt's many rows through prompt_matmul (the CPU kernel is slow there)
         self.for_prompts = w.device.type == "cpu"
+        self.prompt_weight = lay_out(self.dense()) if self.for_prompts and prompt_copy else None
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [rows, in] (+ bias [out]) -> [rows, out]."""
@@ -43,8 +48,10 @@ class Int8Weight:
         return y if bias is None else y + bias
 
     def prompt_matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x [rows, in] -> [rows, out] for a prompt's many rows: the weight converted for the
-        call, its scale applied to the output."""
+        """x [rows, in] -> [rows, out] for a prompt's many rows: the dequantized copy, or
+        without one the weight converted for the call, its scale applied to the output."""
+        if self.prompt_weight is not None:
+            return linear(x, self.prompt_weight, bias)
         y = torch.nn.functional.linear(x, self.q.to(x.dtype)) * self.scale
         return y if bias is None else y + bias
 
@@ -56,7 +63,9 @@ class Int4Weight:
     """w ~= (q - 8) * scale + zero per group of GROUP input channels (gpt-fast's convention),
     q in 0..15; packed for the int4 kernel of the weight's device."""
 
-    def __init__(self, w: torch.Tensor, act_dtype: torch.dtype, group: int = GROUP) -> None:
+    def __init__(
+        self, w: torch.Tensor, act_dtype: torch.dtype, group: int = GROUP, prompt_copy: bool = True
+    ) -> None:
         out_f, in_f = w.shape
         g = w.float().reshape(out_f, in_f // group, group)
         lo, hi = g.amin(-1), g.amax(-1)  # [out, groups]
@@ -76,6 +85,7 @@ class Int4Weight:
         self.group = group
         self.shape, self.dtype, self.device = torch.Size((out_f, in_f)), act_dtype, w.device
         self.for_prompts = self.layout is not None  # as Int8Weight's
+        self.prompt_weight = lay_out(self.dense()) if self.for_prompts and prompt_copy else None
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [rows, in] (+ bias [out]) -> [rows, out]."""
@@ -103,8 +113,11 @@ class Int4Weight:
         return torch.addcmul(shift[:, None], q, scale[:, None]).view(in_f, out_f)
 
     def prompt_matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x [rows, in] -> [rows, out] for a prompt's many rows: the weight dequantized for
-        the call (the int4 kernel reads and unpacks it again for every 4 rows)."""
+        """x [rows, in] -> [rows, out] for a prompt's many rows: the dequantized copy, or
+        without one the weight dequantized for the call (the int4 kernel reads and unpacks it
+        again for every 4 rows)."""
+        if self.prompt_weight is not None:
+            return linear(x, self.prompt_weight, bias)
         y = torch.matmul(x, self._dequantized_t())
         return y if bias is None else y + bias
 
@@ -151,15 +164,18 @@ def _nibbles_t(packed: torch.Tensor, n: int, k: int, block: int, order: str) -> 
     return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
 
-def quantize(w: torch.Tensor, scheme: str, act_dtype: torch.dtype):
+def quantize(w: torch.Tensor, scheme: str, act_dtype: torch.dtype, prompt_copy: bool = True):
     """w [out, in] -> the quantized weight object of `scheme` (int8 or int4). int4 takes
     groups of 128 input channels, else the largest of 64 and 32 that divides the input; a
-    layer whose input none divides keeps int8 (as a GGUF mixes block types per tensor)."""
+    layer whose input none divides keeps int8 (as a GGUF mixes block types per tensor).
+    prompt_copy: keep the dequantized copy for a prompt's rows (CPU; see the module)."""
     if scheme == "int8":
-        return Int8Weight(w, act_dtype)
+        return Int8Weight(w, act_dtype, prompt_copy)
     if scheme == "int4":
         group = next((g for g in (GROUP, 64, 32) if w.shape[1] % g == 0), None)
-        return Int8Weight(w, act_dtype) if group is None else Int4Weight(w, act_dtype, group)
+        if group is None:
+            return Int8Weight(w, act_dtype, prompt_copy)
+        return Int4Weight(w, act_dtype, group, prompt_copy)
     raise LeapDecodeError(f"unknown quantization {scheme!r}: use one of {', '.join(SCHEMES)}")
 
 
