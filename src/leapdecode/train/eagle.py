@@ -23,7 +23,8 @@ import torch
 from ..errors import LeapDecodeError
 from ..models.eagle import Eagle3Head, default_aux_layers
 from .data import batch_at
-from .teacher import Teacher, fit, soft_ce
+from .features import Labeller
+from .teacher import TargetTables, Teacher, fit, soft_ce
 
 
 def draft_vocabulary(tokens: np.ndarray, vocab: int, size: int) -> torch.Tensor:
@@ -33,7 +34,7 @@ def draft_vocabulary(tokens: np.ndarray, vocab: int, size: int) -> torch.Tensor:
     return torch.from_numpy(np.sort(ranked)).long()
 
 
-def new_head(teacher: Teacher, draft_ids: torch.Tensor) -> Eagle3Head:
+def new_head(teacher: Teacher | TargetTables, draft_ids: torch.Tensor) -> Eagle3Head:
     cfg = teacher.config
     heads = int(cfg.num_attention_heads)
     head_dim = int(getattr(cfg, "head_dim", None) or teacher.hidden // heads)
@@ -54,7 +55,7 @@ def new_head(teacher: Teacher, draft_ids: torch.Tensor) -> Eagle3Head:
         float(cfg.rms_norm_eps),
     )
     with torch.no_grad():  # start from the target's own output rows for the draft tokens
-        head.lm_head.weight.copy_(teacher.model.get_output_embeddings().weight[draft_ids])
+        head.lm_head.weight.copy_(teacher.output_weight[draft_ids])
     return head
 
 
@@ -70,12 +71,25 @@ def _labels(head: Eagle3Head, logits: torch.Tensor) -> tuple[torch.Tensor, torch
 def _unroll(head: Eagle3Head, teacher: Teacher, b: torch.Tensor, steps: int):
     """b [B, T+1] -> (per-step draft logits [B, T, Vd], labels q [B, T, Vd], greedy [B, T]),
     aligned: step j's logits at [:, t] are scored by the labels at [:, t] (ttt steps: the
-    first j indices have no chain; parallel blocks: the last j have no label)."""
+    first j indices have no chain; parallel blocks: the last j have no label). The teacher
+    runs the batch here; `unroll_features` is the same from features kept on disk."""
     aux, _, logits = teacher.run(b, head.aux_layers)  # aux [B, T+1, n, H]
-    emb = teacher.embed(b[:, 1:])  # [B, T, H] the token after each feature
     q, greedy = _labels(head, logits[:, 1:])  # the target's guess for the token after that
+    return _unroll_from(head, aux, teacher.embed, b, q, greedy, steps)
+
+
+def unroll_features(head: Eagle3Head, f, embed, labeller, steps: int):
+    """`_unroll` from a batch of features.Features: labels from the kept final hidden states
+    through the target's LM head rows of the draft vocabulary (`labeller`)."""
+    q, greedy = labeller(f.final[:, 1:], f.greedy[:, 1:])
+    return _unroll_from(head, f.aux.float(), embed, f.tokens, q, greedy, steps)
+
+
+def _unroll_from(head: Eagle3Head, aux, embed, b, q, greedy, steps: int):
+    """aux [B, T+1, n, H] of the window b [B, T+1]; q, greedy: labels at indices 1..T."""
+    emb = embed(b[:, 1:])  # [B, T, H] the token after each feature
     if head.parallel:  # block j at anchor t guesses what the labels hold at t + j
-        mask_emb = teacher.embed(torch.tensor([[head.pard_token]]))[0, 0]  # [H]
+        mask_emb = embed(torch.tensor([[head.pard_token]]))[0, 0]  # [H]
         outs = head.parallel_forward(aux[:, :-1], emb, steps, mask_emb)
         t = emb.shape[1]
         return [(o[:, : t - j], q[:, j:], greedy[:, j:]) for j, o in enumerate(outs)]
@@ -83,10 +97,12 @@ def _unroll(head: Eagle3Head, teacher: Teacher, b: torch.Tensor, steps: int):
     return [(o[:, j:], q[:, j:], greedy[:, j:]) for j, o in enumerate(outs)]
 
 
-def eagle_loss(head: Eagle3Head, teacher: Teacher, steps: int):
-    def step(b: torch.Tensor):
+def eagle_loss(unroll):
+    """The training step of a head: unroll(batch) -> its steps (see `_unroll`)."""
+
+    def step(b):
         total, metrics = 0.0, {}
-        for j, (logits, q, greedy) in enumerate(_unroll(head, teacher, b, steps)):
+        for j, (logits, q, greedy) in enumerate(unroll(b)):
             total = total + 0.8**j * soft_ce(logits.flatten(0, 1), q.flatten(0, 1))
             metrics[f"acc{j + 1}"] = float((logits.argmax(-1) == greedy).float().mean())
         return total, metrics
@@ -107,21 +123,14 @@ def make_parallel(head: Eagle3Head, k: int, tokens: np.ndarray) -> Eagle3Head:
 
 
 @torch.no_grad()
-def measure(
-    head: Eagle3Head,
-    teacher: Teacher,
-    tokens: np.ndarray,
-    steps: int,
-    windows: int = 16,
-    context: int = 256,
-) -> dict:
+def measure(unrolled, steps: int) -> dict:
     """Held-out accuracy by draft depth (top-1 and top-4), and the share of target greedy
-    tokens the draft vocabulary covers."""
-    context = min(context, len(tokens) - 2)
-    top1, top4, covered, n = np.zeros(steps), np.zeros(steps), 0, 0
-    for w in range(0, windows, 4):
-        b = torch.from_numpy(batch_at(tokens, w, 4, context, seed=777))
-        for j, (logits, _, greedy) in enumerate(_unroll(head, teacher, b, steps)):
+    tokens the draft vocabulary covers, over held-out batches (`_unroll`'s results, made as
+    this iterates)."""
+    top1, top4, covered, n, k = np.zeros(steps), np.zeros(steps), 0, 0, 0
+    for batch in unrolled:
+        k += 1
+        for j, (logits, _, greedy) in enumerate(batch):
             if j == 0:
                 covered += int((greedy >= 0).sum())
                 n += greedy.numel()
@@ -129,12 +138,18 @@ def measure(
             g = greedy[..., None]
             top1[j] += float((top[..., :1] == g).float().mean())
             top4[j] += float((top == g).any(-1).float().mean())
-    k = len(range(0, windows, 4))
     return {
         "top1_by_depth": (top1 / k).round(4).tolist(),
         "top4_by_depth": (top4 / k).round(4).tolist(),
         "draft_vocab_coverage": round(covered / n, 4),
     }
+
+
+def held_out(tokens: np.ndarray, windows: int = 16, context: int = 256):
+    """The held-out batches `measure` scores: 4 windows at a time, a fixed draw."""
+    context = min(context, len(tokens) - 2)
+    for w in range(0, windows, 4):
+        yield torch.from_numpy(batch_at(tokens, w, 4, context, seed=777))
 
 
 def init_head(teacher: Teacher, path: str) -> Eagle3Head:
@@ -169,10 +184,16 @@ def train_eagle(
     stamp: dict | None = None,
     init: str | None = None,
     parallel: int = 0,
+    features=None,
+    val_features=None,
+    budget_s: float | None = None,
 ):
     """Returns (trained head with its held-out accuracy, training summary). init: a head
     folder to continue from (its weights and draft vocabulary) instead of a new head;
-    parallel: train P-EAGLE's parallel drafting of that many drafts (ttt_steps is then it)."""
+    parallel: train P-EAGLE's parallel drafting of that many drafts (ttt_steps is then it);
+    features, val_features: train and measure from features kept on disk
+    (features.FeatureShards of the token streams' windows; the teacher is then a
+    teacher.TargetTables); budget_s: at most this many seconds of training (teacher.fit)."""
     import hashlib
 
     torch.manual_seed(seed)
@@ -194,9 +215,27 @@ def train_eagle(
         for v in head.state_dict().values():
             weights.update(v.detach().numpy().tobytes())
         stamp["init"] = weights.hexdigest()[:16]
+    if features is None:  # the teacher runs every batch
+
+        def unroll(b):
+            return _unroll(head, teacher, b, ttt_steps)
+
+        batches, val = None, held_out(val_tokens)
+    else:  # features kept on disk (train/features.py); the teacher is its TargetTables
+        labeller = Labeller(teacher.output_weight, head.draft_ids)
+
+        def unroll(f):
+            return unroll_features(head, f, teacher.embed, labeller, ttt_steps)
+
+        def batches(step):
+            return features.batch(step, batch, seed)
+
+        val = (val_features.batch(w, 4, seed=777) for w in range(0, 16, 4))
+        context = int(features.manifest["context"])
+        stamp["features"] = features.manifest["stamp"]
     summary = fit(
         head,
-        eagle_loss(head, teacher, ttt_steps),
+        eagle_loss(unroll),
         train_tokens,
         steps=steps,
         batch=batch,
@@ -206,8 +245,10 @@ def train_eagle(
         desc=kind,
         seed=seed,
         stamp=stamp,
+        batches=batches,
+        budget_s=budget_s,
     )
     if init:
         summary["init"] = init
-    head.info["accuracy"] = measure(head, teacher, val_tokens, ttt_steps)
+    head.info["accuracy"] = measure((unroll(b) for b in val), ttt_steps)
     return head, summary

@@ -66,6 +66,32 @@ def add_parsers(what, data_args) -> None:
             help="the head drafts only the N most frequent tokens",
         )
         p.add_argument(
+            "--features",
+            default=None,
+            metavar="DIR",
+            help="compute the target's features once (native backend, --feature-dtype) into "
+            "DIR, resumably, and train from them: for a real target on a CPU",
+        )
+        p.add_argument(
+            "--hours",
+            type=float,
+            default=None,
+            help="train for at most this long (resumed runs' time included): --steps then "
+            "become those that fit, at the pace measured",
+        )
+        p.add_argument(
+            "--feature-windows",
+            type=int,
+            default=256,
+            help="training windows of --context tokens kept in --features (default 256)",
+        )
+        p.add_argument(
+            "--feature-dtype",
+            default="bfloat16",
+            choices=["bfloat16", "float32"],
+            help="the target's dtype for --features (default bfloat16)",
+        )
+        p.add_argument(
             "--init",
             default=None,
             metavar="PATH",
@@ -159,7 +185,7 @@ def measured_acceptance(target: str, out: str, kind: str, n_prompts: int) -> dic
 def cmd_heads(args) -> int:
     import torch
 
-    from .teacher import Teacher
+    from .teacher import TargetTables, Teacher
 
     _check(args)
     if args.threads:
@@ -168,7 +194,12 @@ def cmd_heads(args) -> int:
     run_dir = args.run_dir or cache_dir("runs", os.path.basename(os.path.abspath(args.out)))
     from .teacher import fingerprint
 
-    teacher = Teacher(args.target)
+    features = getattr(args, "features", None)  # eagle and peagle only
+    if features and args.feature_windows < 1:
+        raise LeapDecodeError("--feature-windows must be >= 1")
+    if getattr(args, "hours", None) is not None and args.hours <= 0:
+        raise LeapDecodeError("--hours must be > 0")
+    teacher = TargetTables(args.target) if features else Teacher(args.target)
     longest = int(teacher.config.max_position_embeddings)
     if args.context + 1 > longest:
         raise LeapDecodeError(
@@ -199,10 +230,16 @@ def cmd_heads(args) -> int:
 
         if args.init and not os.path.isfile(os.path.join(args.init, "config.json")):
             raise LeapDecodeError(f"--init {args.init!r} is not a head folder (no config.json)")
+        kept = {}
+        if args.hours is not None:
+            kept["budget_s"] = args.hours * 3600
+        if features:
+            kept["features"], kept["val_features"] = extract_features(args, train, val)
         heads, summary = train_eagle(
             teacher,
             train,
             val,
+            **kept,
             draft_vocab=args.draft_vocab,
             ttt_steps=getattr(args, "ttt_steps", 0),
             init=args.init,
@@ -222,6 +259,44 @@ def cmd_heads(args) -> int:
     write_card(args.out, report)
     print(f"{kind} saved to {args.out}: accuracy {accuracy}; acceptance {acceptance}")
     return 0
+
+
+def extract_features(args, train, val):
+    """The target's features of the training windows and 16 held-out ones, computed once with
+    the native backend (train/features.py) under args.features; returns their FeatureShards."""
+    import torch
+
+    from ..models.eagle import Eagle3Head, default_aux_layers
+    from ..models.loader import load_model
+    from .features import FeatureShards, extract
+    from .teacher import fingerprint
+
+    if args.init:
+        layers = Eagle3Head.load(args.init).aux_layers
+    else:
+        with open(os.path.join(args.target, "config.json")) as f:
+            layers = default_aux_layers(int(json.load(f)["num_hidden_layers"]))
+    stamp = fingerprint(args.target, layers=list(layers), dtype=args.feature_dtype)
+    model = None
+    shards = []
+    for split, tokens, windows in (("train", train, args.feature_windows), ("validation", val, 16)):
+        folder = os.path.join(args.features, split)
+        want = min(windows, len(tokens) // (args.context + 1))
+        try:
+            have = FeatureShards(folder)
+            if have.manifest["stamp"] == stamp and have.windows == want:
+                shards.append(have)
+                continue
+        except LeapDecodeError:
+            pass
+        if model is None:
+            print(f"computing the target's features ({args.feature_dtype}) into {args.features}")
+            model = load_model(args.target, dtype=args.feature_dtype)
+        with torch.inference_mode():
+            extract(model, tokens, folder, layers=tuple(layers), context=args.context,
+                    windows=windows, stamp=stamp)  # fmt: skip
+        shards.append(FeatureShards(folder))
+    return shards
 
 
 def write_card(out: str, report: dict) -> None:

@@ -56,6 +56,43 @@ class Teacher:
         """The target's LM head (frozen; gradients flow to x)."""
         return self.model.get_output_embeddings()(x)
 
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """The LM head's weight [V, H]."""
+        return self.model.get_output_embeddings().weight
+
+
+class TargetTables:
+    """What a head trained from kept features needs of its target besides them: its config,
+    its input embeddings and its LM head's weight, read from the folder's safetensors in their
+    own dtype (the 1.5B's tied table is 0.47 GB in bfloat16), not the whole model."""
+
+    def __init__(self, path: str) -> None:
+        from safetensors import safe_open
+        from transformers import AutoConfig
+
+        self.config = cfg = AutoConfig.from_pretrained(path)
+        self.hidden = int(cfg.hidden_size)
+        self.layers = int(cfg.num_hidden_layers)
+        tables = {}
+        for name in sorted(os.listdir(path)):
+            if name.endswith(".safetensors"):
+                with safe_open(os.path.join(path, name), framework="pt") as f:
+                    for key in ("model.embed_tokens.weight", "lm_head.weight"):
+                        if key in f.keys():
+                            tables[key] = f.get_tensor(key)
+        if "model.embed_tokens.weight" not in tables:
+            raise LeapDecodeError(
+                f"{path} has no model.embed_tokens.weight in its safetensors: pass a Llama/Qwen "
+                "model folder (leapdecode pull writes one)"
+            )
+        self.embeddings = tables["model.embed_tokens.weight"]  # [V, H]
+        self.output_weight = tables.get("lm_head.weight", self.embeddings)  # tied: the same
+        self.vocab = int(self.output_weight.shape[0])
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embeddings[tokens].float()
+
 
 def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     if step < warmup:
@@ -97,11 +134,16 @@ def fit(
     checkpoint_every: int = 25,
     log_every: int = 25,
     stamp: dict | None = None,
+    batches: Callable | None = None,
+    budget_s: float | None = None,
 ) -> dict:
     """Train `module` in place: loss_step(batch [B, context + 1] long) -> (loss, {metric}).
     `stamp` (see `fingerprint`) is kept in the checkpoint; a run folder whose checkpoint
-    has another stamp is refused rather than resumed."""
-    if len(tokens) < context + 2:
+    has another stamp is refused rather than resumed. `batches(step)`: batch number `step`
+    another way than windows of `tokens` (features kept on disk; a pure function of step).
+    `budget_s`: train for at most this many seconds in all (resumed runs' included): the
+    steps become those that fit, at the pace measured, and the schedule follows them."""
+    if batches is None and len(tokens) < context + 2:
         raise LeapDecodeError(
             f"{len(tokens)} training tokens cannot fill one window of {context}: lower --context"
         )
@@ -123,58 +165,68 @@ def fit(
         start, log = state["step"], state["log"]
         tqdm.write(f"resuming {desc} from step {start} ({ckpt})")
     torch.manual_seed(seed + start)
-    warmup = max(1, steps // 20)
     with open(os.path.join(run_dir, "log.jsonl"), "w") as f:  # the checkpoint's log, then on
         f.writelines(json.dumps(e) + "\n" for e in log)
     log_file = open(os.path.join(run_dir, "log.jsonl"), "a")
     elapsed = sum(e.get("step_s", 0.0) for e in log)
-    bar = tqdm(range(start, steps), initial=start, total=steps, desc=desc, unit="step")
+    if budget_s is not None and start > 0:  # what is left of the budget, at the logged pace
+        steps = min(steps, start + int(max(0.0, budget_s - elapsed) / (elapsed / start)))
+    bar = tqdm(initial=start, total=steps, desc=desc, unit="step")
     module.train()
-    for step in bar:
+    step, ran = start, 0.0
+    while step < steps:
         t0 = time.perf_counter()
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, lr, warmup)
-        b = torch.from_numpy(batch_at(tokens, step, batch, context, seed))
+        for g in opt.param_groups:  # warmup 5% of the steps (a budget's, once it is measured)
+            g["lr"] = lr_at(step, steps, lr, max(1, steps // 20))
+        if batches is not None:
+            b = batches(step)
+        else:
+            b = torch.from_numpy(batch_at(tokens, step, batch, context, seed))
         loss, metrics = loss_step(b)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         dt = time.perf_counter() - t0
-        elapsed += dt
+        elapsed, ran, step = elapsed + dt, ran + dt, step + 1
         loss = float(loss.detach())
-        entry = {"step": step + 1, "loss": loss, "step_s": dt, **metrics}
+        entry = {"step": step, "loss": loss, "step_s": dt, **metrics}
         log.append(entry)
         log_file.write(json.dumps(entry) + "\n")
         log_file.flush()
+        if budget_s is not None:  # the steps that fit what is left, at this run's pace
+            steps = min(steps, step + int(max(0.0, budget_s - elapsed) / (ran / (step - start))))
+            bar.total = steps
+        bar.update(1)
         shown = {k: f"{v:.2f}" for k, v in list(metrics.items())[:3]}
         bar.set_postfix(loss=f"{loss:.3f}", **shown)
-        if (step + 1) % log_every == 0:
+        if step % log_every == 0:
             tqdm.write(
-                f"{desc} step {step + 1}: loss {loss:.3f} "
+                f"{desc} step {step}: loss {loss:.3f} "
                 + " ".join(f"{k} {v:.3f}" for k, v in metrics.items())
             )
-        if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
+        if step % checkpoint_every == 0 or step == steps:
             tmp = ckpt + ".tmp"
             torch.save(
                 {
                     "model": module.state_dict(),
                     "opt": opt.state_dict(),
-                    "step": step + 1,
+                    "step": step,
                     "log": log,
                     "stamp": stamp,
                 },
                 tmp,
             )
             os.replace(tmp, ckpt)
+    bar.close()
     log_file.close()
     module.eval()
     return {
-        "steps": steps,
+        "steps": step,
         "batch": batch,
         "context": context,
         "lr": lr,
-        "tokens_seen": steps * batch * context,
+        "tokens_seen": step * batch * context,
         "train_seconds": round(elapsed, 1),
         "final_loss": log[-1]["loss"] if log else None,
     }
