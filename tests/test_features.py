@@ -37,7 +37,8 @@ def test_kept_features_are_the_targets_own(target_dir, hf_target, tmp_path):
     folder = str(tmp_path / "features")
     stream = _stream(5 * 33 + 7)  # five windows of 33 tokens, and a rest no window takes
     kw = dict(layers=LAYERS, context=32, windows=9, stamp={"target": "toy"}, shard_windows=2)
-    assert extract(model, stream, folder, **kw)["windows"] == 5
+    extract(model, stream, folder, **{**kw, "windows": 3})  # its last shard holds 1 window
+    assert extract(model, stream, folder, **kw)["windows"] == 5  # that shard is made whole
     shards = FeatureShards(folder)
     assert shards.windows == 5 and all(os.path.isfile(shard_path(folder, i)) for i in range(3))
     for w in range(5):

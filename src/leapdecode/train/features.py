@@ -114,7 +114,12 @@ def extract(
     os.replace(path + ".tmp", path)
     model.allocate(1, width)
     shards = -(-windows // shard_windows)
-    todo = [i for i in range(shards) if not os.path.isfile(shard_path(folder, i))]
+    todo = [  # missing, or a last shard of a shorter extraction (more windows asked now)
+        i
+        for i in range(shards)
+        if _windows_in(shard_path(folder, i))
+        != min(windows, (i + 1) * shard_windows) - i * shard_windows
+    ]
     left = sum(min(windows, (i + 1) * shard_windows) - i * shard_windows for i in todo)
     bar = tqdm(total=windows, initial=windows - left, unit="window", desc="target features")
     for i in todo:
@@ -127,6 +132,16 @@ def extract(
         _write_shard(folder, i, parts)
     bar.close()
     return manifest
+
+
+def _windows_in(path: str) -> int:
+    """The windows a shard file holds (0: none there)."""
+    if not os.path.isfile(path):
+        return 0
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        return int(f.get_slice("tokens").get_shape()[0])
 
 
 def _write_shard(folder: str, i: int, parts: list[Features]) -> None:
@@ -161,7 +176,8 @@ class FeatureShards:
         missing = [
             i
             for i in range(-(-self.windows // self.per_shard))
-            if not os.path.isfile(shard_path(folder, i))
+            if _windows_in(shard_path(folder, i))
+            != min(self.windows, (i + 1) * self.per_shard) - i * self.per_shard
         ]
         if missing:
             raise LeapDecodeError(

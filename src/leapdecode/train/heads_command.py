@@ -263,7 +263,10 @@ def cmd_heads(args) -> int:
 
 def extract_features(args, train, val):
     """The target's features of the training windows and 16 held-out ones, computed once with
-    the native backend (train/features.py) under args.features; returns their FeatureShards."""
+    the native backend (train/features.py) under args.features; returns their FeatureShards.
+    A folder is kept for the same target, layers, dtype and token stream (its digest)."""
+    import hashlib
+
     import torch
 
     from ..models.eagle import Eagle3Head, default_aux_layers
@@ -276,11 +279,13 @@ def extract_features(args, train, val):
     else:
         with open(os.path.join(args.target, "config.json")) as f:
             layers = default_aux_layers(int(json.load(f)["num_hidden_layers"]))
-    stamp = fingerprint(args.target, layers=list(layers), dtype=args.feature_dtype)
     model = None
     shards = []
     for split, tokens, windows in (("train", train, args.feature_windows), ("validation", val, 16)):
         folder = os.path.join(args.features, split)
+        stream = hashlib.sha256(np.ascontiguousarray(tokens, dtype=np.int64).tobytes())
+        stamp = fingerprint(args.target, layers=list(layers), dtype=args.feature_dtype,
+                            stream=stream.hexdigest()[:16])  # fmt: skip
         want = min(windows, len(tokens) // (args.context + 1))
         try:
             have = FeatureShards(folder)
