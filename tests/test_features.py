@@ -22,6 +22,7 @@ from leapdecode.train.features import (
     extract,
     shard_path,
     window_features,
+    window_slots,
 )
 from leapdecode.train.teacher import TargetTables, Teacher
 
@@ -43,7 +44,8 @@ def test_kept_features_are_the_targets_own(target_dir, hf_target, tmp_path):
     assert shards.windows == 5 and all(os.path.isfile(shard_path(folder, i)) for i in range(3))
     for w in range(5):
         f = shards.window(w)
-        window = torch.from_numpy(stream[w * 33 : (w + 1) * 33].astype(np.int64))
+        at = int(window_slots(len(stream), 33)[w]) * 33
+        window = torch.from_numpy(stream[at : at + 33].astype(np.int64))
         assert torch.equal(f.tokens[0], window)
         with torch.no_grad():
             ref = hf_target(window[None], output_hidden_states=True)

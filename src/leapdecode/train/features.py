@@ -14,9 +14,11 @@ target's own dtype, and kept:
 
 The labels are made at training time from `final` through the target's LM head restricted to
 the head's draft vocabulary (`Labeller`): the full logits of a window (151,936 a token for
-Qwen2.5) would take 150 MB a window on disk. Window i is tokens[i (T+1) : (i+1) (T+1)] of
-the stream (each token once); a shard is written whole (temporary file, then renamed), so a
-killed extraction continues at the first shard missing.
+Qwen2.5) would take 150 MB a window on disk. The stream is cut into windows of T+1 tokens
+and window i is the i-th of them in a fixed shuffled order (`window_slots`): any number of
+windows spreads over the whole stream, and asking for more later keeps the first ones. A
+shard is written whole (temporary file, then renamed), so a killed extraction continues at
+the first shard missing.
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ class Features:
     aux: torch.Tensor  # [B, T+1, n, H]
     final: torch.Tensor  # [B, T+1, H]
     greedy: torch.Tensor  # [B, T+1] long: the target's next token after each index
+
+
+def window_slots(n_tokens: int, width: int) -> np.ndarray:
+    """The stream's windows of `width` tokens in the order they are taken: window i starts
+    at window_slots(...)[i] * width (a fixed shuffle of every whole window)."""
+    return np.random.default_rng(0).permutation(n_tokens // width)
 
 
 def shard_path(folder: str, i: int) -> str:
@@ -113,6 +121,7 @@ def extract(
         json.dump(manifest, f, indent=1)
     os.replace(path + ".tmp", path)
     model.allocate(1, width)
+    slots = window_slots(len(tokens), width)
     shards = -(-windows // shard_windows)
     todo = [  # missing, or a last shard of a shorter extraction (more windows asked now)
         i
@@ -126,7 +135,8 @@ def extract(
         lo, hi = i * shard_windows, min(windows, (i + 1) * shard_windows)
         parts = []
         for w in range(lo, hi):
-            window = torch.from_numpy(np.asarray(tokens[w * width : (w + 1) * width], np.int64))
+            at = int(slots[w]) * width
+            window = torch.from_numpy(np.asarray(tokens[at : at + width], np.int64))
             parts.append(window_features(model, window, layers))
             bar.update(1)
         _write_shard(folder, i, parts)
