@@ -187,13 +187,15 @@ def train_eagle(
     features=None,
     val_features=None,
     budget_s: float | None = None,
+    bf16: bool = False,
 ):
     """Returns (trained head with its held-out accuracy, training summary). init: a head
     folder to continue from (its weights and draft vocabulary) instead of a new head;
     parallel: train P-EAGLE's parallel drafting of that many drafts (ttt_steps is then it);
     features, val_features: train and measure from features kept on disk
     (features.FeatureShards of the token streams' windows; the teacher is then a
-    teacher.TargetTables); budget_s: at most this many seconds of training (teacher.fit)."""
+    teacher.TargetTables); budget_s: at most this many seconds of training; bf16: its forward
+    under bfloat16 autocast (teacher.fit)."""
     import hashlib
 
     torch.manual_seed(seed)
@@ -247,6 +249,7 @@ def train_eagle(
         stamp=stamp,
         batches=batches,
         budget_s=budget_s,
+        bf16=bf16,
     )
     if init:
         summary["init"] = init

@@ -73,6 +73,13 @@ def add_parsers(what, data_args) -> None:
             "DIR, resumably, and train from them: for a real target on a CPU",
         )
         p.add_argument(
+            "--precision",
+            default="auto",
+            choices=["auto", "bf16", "fp32"],
+            help="the head's forward under bf16 autocast or in float32; auto: bf16 where the "
+            "CPU has native bf16 (about 1.9x faster for the 1.5B's head here)",
+        )
+        p.add_argument(
             "--hours",
             type=float,
             default=None,
@@ -230,7 +237,9 @@ def cmd_heads(args) -> int:
 
         if args.init and not os.path.isfile(os.path.join(args.init, "config.json")):
             raise LeapDecodeError(f"--init {args.init!r} is not a head folder (no config.json)")
-        kept = {}
+        from ..models.loader import cpu_has_fast_bf16
+
+        kept = {"bf16": {"auto": cpu_has_fast_bf16(), "bf16": True, "fp32": False}[args.precision]}
         if args.hours is not None:
             kept["budget_s"] = args.hours * 3600
         if features:

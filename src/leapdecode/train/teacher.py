@@ -136,19 +136,22 @@ def fit(
     stamp: dict | None = None,
     batches: Callable | None = None,
     budget_s: float | None = None,
+    bf16: bool = False,
 ) -> dict:
     """Train `module` in place: loss_step(batch [B, context + 1] long) -> (loss, {metric}).
     `stamp` (see `fingerprint`) is kept in the checkpoint; a run folder whose checkpoint
     has another stamp is refused rather than resumed. `batches(step)`: batch number `step`
     another way than windows of `tokens` (features kept on disk; a pure function of step).
     `budget_s`: train for at most this many seconds in all (resumed runs' included): the
-    steps become those that fit, at the pace measured, and the schedule follows them."""
+    steps become those that fit, at the pace measured, and the schedule follows them.
+    `bf16`: the forward under bfloat16 autocast (the weights and the optimizer stay float32)."""
     if batches is None and len(tokens) < context + 2:
         raise LeapDecodeError(
             f"{len(tokens)} training tokens cannot fill one window of {context}: lower --context"
         )
     os.makedirs(run_dir, exist_ok=True)
     params = [p for p in module.parameters() if p.requires_grad]
+    device = params[0].device
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     ckpt = os.path.join(run_dir, "checkpoint.pt")
     start, log = 0, []
@@ -182,7 +185,8 @@ def fit(
             b = batches(step)
         else:
             b = torch.from_numpy(batch_at(tokens, step, batch, context, seed))
-        loss, metrics = loss_step(b)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss, metrics = loss_step(b)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
