@@ -83,7 +83,7 @@ def test_a_head_learns_the_same_from_kept_features(target_dir, tmp_path):
     stream = torch.from_numpy(_stream(66, seed=3).astype(np.int64))
     b = stream.view(2, 33)  # [B, T+1]
     parts = [window_features(model, row, head.aux_layers) for row in b]
-    kept = type(parts[0])(*(torch.cat([getattr(p, k) for p in parts]) for k in vars(parts[0])))
+    kept = type(parts[0]).cat(parts)
     labeller = Labeller(tables.output_weight, head.draft_ids)
     live, live_m = eagle_loss(lambda x: _unroll(head, teacher, x, 3))(b)
     disk, disk_m = eagle_loss(lambda f: unroll_features(head, f, tables.embed, labeller, 3))(kept)

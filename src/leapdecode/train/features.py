@@ -45,6 +45,16 @@ class Features:
     final: torch.Tensor  # [B, T+1, H]
     greedy: torch.Tensor  # [B, T+1] long: the target's next token after each index
 
+    @staticmethod
+    def cat(parts: list[Features]) -> Features:
+        """Several windows' Features as one batch."""
+        return Features(*(torch.cat([getattr(p, k) for p in parts]) for k in vars(parts[0])))
+
+
+def _shard_size(i: int, windows: int, per_shard: int) -> int:
+    """The windows shard i holds when a folder holds `windows` in all."""
+    return min(windows, (i + 1) * per_shard) - i * per_shard
+
 
 def window_slots(n_tokens: int, width: int) -> np.ndarray:
     """The stream's windows of `width` tokens in the order they are taken: window i starts
@@ -84,8 +94,9 @@ def extract(
     stamp: dict,
     shard_windows: int = SHARD_WINDOWS,
 ) -> dict:
-    """Write the features of the stream's first `windows` windows of context + 1 tokens into
-    `folder` (see the module), continuing after the shards already there; returns the
+    """Write the features of the stream's first `windows` windows of context + 1 tokens (in
+    `window_slots` order) into `folder` (see the module), continuing after the shards already
+    there; returns the
     manifest. `stamp` (train/teacher.py `fingerprint`) must match a folder's to continue it."""
     from tqdm import tqdm
 
@@ -126,10 +137,9 @@ def extract(
     todo = [  # missing, or a last shard of a shorter extraction (more windows asked now)
         i
         for i in range(shards)
-        if _windows_in(shard_path(folder, i))
-        != min(windows, (i + 1) * shard_windows) - i * shard_windows
+        if _windows_in(shard_path(folder, i)) != _shard_size(i, windows, shard_windows)
     ]
-    left = sum(min(windows, (i + 1) * shard_windows) - i * shard_windows for i in todo)
+    left = sum(_shard_size(i, windows, shard_windows) for i in todo)
     bar = tqdm(total=windows, initial=windows - left, unit="window", desc="target features")
     for i in todo:
         lo, hi = i * shard_windows, min(windows, (i + 1) * shard_windows)
@@ -157,12 +167,8 @@ def _windows_in(path: str) -> int:
 def _write_shard(folder: str, i: int, parts: list[Features]) -> None:
     from safetensors.torch import save_file
 
-    tensors = {
-        "tokens": torch.cat([p.tokens for p in parts]).int(),
-        "aux": torch.cat([p.aux for p in parts]).contiguous(),
-        "final": torch.cat([p.final for p in parts]).contiguous(),
-        "greedy": torch.cat([p.greedy for p in parts]).int(),
-    }
+    f = Features.cat(parts)
+    tensors = {"tokens": f.tokens.int(), "aux": f.aux, "final": f.final, "greedy": f.greedy.int()}
     tmp = shard_path(folder, i) + ".tmp"
     save_file(tensors, tmp)
     os.replace(tmp, shard_path(folder, i))
@@ -186,8 +192,7 @@ class FeatureShards:
         missing = [
             i
             for i in range(-(-self.windows // self.per_shard))
-            if _windows_in(shard_path(folder, i))
-            != min(self.windows, (i + 1) * self.per_shard) - i * self.per_shard
+            if _windows_in(shard_path(folder, i)) != _shard_size(i, self.windows, self.per_shard)
         ]
         if missing:
             raise LeapDecodeError(
@@ -213,12 +218,8 @@ class FeatureShards:
         """Batch number `step`: `batch` windows drawn as a pure function of (seed, step), so
         a resumed run sees the batches it would have seen."""
         rng = np.random.default_rng([seed, step])
-        picks = [self.window(int(w)) for w in rng.integers(0, self.windows, size=batch)]
-        return Features(
-            torch.cat([p.tokens for p in picks]),  # [B, T+1]
-            torch.cat([p.aux for p in picks]),  # [B, T+1, n, H]
-            torch.cat([p.final for p in picks]),  # [B, T+1, H]
-            torch.cat([p.greedy for p in picks]),  # [B, T+1]
+        return Features.cat(
+            [self.window(int(w)) for w in rng.integers(0, self.windows, size=batch)]
         )
 
 
